@@ -1,0 +1,6 @@
+"""Compatibility layers for other libraries' APIs."""
+
+from sbfunc.compat import composer
+from sbfunc.compat.composer import select_using_loss, should_selective_backprop
+
+__all__ = ["composer", "select_using_loss", "should_selective_backprop"]

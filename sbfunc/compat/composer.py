@@ -1,0 +1,161 @@
+"""Drop-in, fixed versions of Composer's functional Selective Backprop API."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from sbfunc.module import _accepts_reduction
+from sbfunc.random import gumbel_from_uniform
+from sbfunc.score.downsample import _MODES, downsample
+from sbfunc.select.base import check_keep, kept_count, ranks
+from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
+
+__all__ = ["select_using_loss", "should_selective_backprop"]
+
+
+def _check_fraction(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"{name} must be a float in [0, 1], got {value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_window(start: float, end: float, interrupt: int) -> None:
+    """Validate a Selective Backprop schedule (``start <= end`` in [0, 1], ``interrupt`` 0 or
+    >= 2); shared by :func:`should_selective_backprop` and the ``SelectiveBackprop`` algorithm.
+
+    Example:
+        >>> sbfunc.compat.composer.check_window(0.5, 0.9, 1)
+        Traceback (most recent call last):
+        ...
+        ValueError: interrupt must be 0 (never interrupt) or an int >= 2, got 1 ...
+    """
+    _check_fraction("start", start)
+    _check_fraction("end", end)
+    if start > end:
+        raise ValueError(f"start must be <= end, got start={start}, end={end}")
+    if isinstance(interrupt, bool) or not isinstance(interrupt, int):
+        raise TypeError(f"interrupt must be an int (0 or >= 2), got {interrupt!r}")
+    if interrupt < 0 or interrupt == 1:
+        raise ValueError(
+            f"interrupt must be 0 (never interrupt) or an int >= 2, got {interrupt} "
+            "(interrupt=1 would interrupt every batch, so selective backprop would never run)"
+        )
+
+
+def should_selective_backprop(
+    current_duration: float,
+    batch_idx: int,
+    start: float = 0.5,
+    end: float = 0.9,
+    interrupt: int = 2,
+) -> bool:
+    """Whether Selective Backprop runs on this batch: ``start <= current_duration < end`` and,
+    unless ``interrupt == 0``, ``(batch_idx + 1) % interrupt != 0``.
+
+    Composer-compatible (same signature and result on valid input), but arguments are validated:
+    ``interrupt`` of 1 (which would silently never select) or below 0 raises.
+
+    Args:
+        current_duration: elapsed fraction of training, in [0, 1].
+        batch_idx: index of the batch inside the epoch, >= 0 (the pattern restarts per epoch).
+        start: start of the half-open window ``[start, end)``.
+        end: end of the window.
+        interrupt: run a plain step every ``interrupt`` batches; 0 never interrupts.
+
+    Example:
+        >>> [sbfunc.should_selective_backprop(0.6, b) for b in range(4)]
+        [True, False, True, False]
+
+    References:
+        Jiang et al. 2019; MosaicML Composer ``should_selective_backprop``.
+    """
+    check_window(start, end, interrupt)
+    _check_fraction("current_duration", current_duration)
+    if isinstance(batch_idx, bool) or not isinstance(batch_idx, int) or batch_idx < 0:
+        raise ValueError(f"batch_idx must be an int >= 0, got {batch_idx!r}")
+    in_window = start <= current_duration < end
+    return in_window and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
+
+
+def select_using_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    model: Callable[[torch.Tensor], torch.Tensor],
+    loss_fun: Callable[..., torch.Tensor],
+    keep: float = 0.5,
+    scale_factor: float = 1,
+    *,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prune ``(input, target)`` to the rows Selective Backprop keeps (Composer-compatible).
+
+    Runs ``model`` without gradients (in its current train/eval mode, as Composer does) on the
+    optionally downsampled input, ranks ``loss_fun(output, target, reduction='none')`` and draws
+    ``max(1, floor(keep*N))`` rows from Composer's rank-power law (see
+    :func:`sbfunc.rank_power`). Unlike Composer, the draw uses ``generator`` (a
+    ``torch.Generator`` on the input's device) instead of the global numpy RNG, rows come back
+    in batch order, ties are broken at random and ``keep``/``scale_factor`` are validated.
+    ``generator=None`` draws from torch's default generator, which ``torch.manual_seed`` seeds.
+
+    Args:
+        input: input tensor ``[N, ...]``.
+        target: target tensor ``[N, ...]``.
+        model: callable mapping input to output.
+        loss_fun: ``loss_fun(output, target, reduction='none')`` returning per-sample losses.
+        keep: fraction of rows kept, in (0, 1].
+        scale_factor: spatial scale of the scoring input in (0, 1]; requires a 3-D/4-D/5-D
+            input when not 1.
+        generator: the source of randomness.
+
+    Returns:
+        ``(input[idx], target[idx])`` with ``idx`` sorted ascending.
+
+    Raises:
+        ValueError: if ``scale_factor != 1`` and the input is not 3-D/4-D/5-D, if
+            ``scale_factor`` is not in (0, 1], or ``keep`` not in (0, 1].
+        TypeError: if ``loss_fun`` does not accept ``reduction`` or is not callable.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 3)
+        >>> x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        >>> g = torch.Generator().manual_seed(0)
+        >>> xs, ys = sbfunc.select_using_loss(
+        ...     x, y, model, torch.nn.functional.cross_entropy, keep=0.5, generator=g)
+        >>> xs.shape, ys.shape
+        (torch.Size([4, 4]), torch.Size([4]))
+
+    References:
+        Jiang et al. 2019; MosaicML Composer ``select_using_loss``.
+    """
+    # Composer's checks, in Composer's order, then ours.
+    if scale_factor != 1 and input.dim() not in _MODES:
+        raise ValueError(
+            f"scale_factor={scale_factor} needs a 3-D, 4-D or 5-D input; "
+            f"got shape {tuple(input.shape)}"
+        )
+    if scale_factor > 1:
+        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
+    if not callable(loss_fun):
+        raise TypeError(f"loss_fun must be callable, got {type(loss_fun).__name__}")
+    if not _accepts_reduction(loss_fun):
+        raise TypeError("loss_fun must accept the keyword argument reduction='none'")
+    if scale_factor <= 0:
+        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
+    keep = check_keep(keep)
+
+    n = input.shape[0]
+    with torch.no_grad():
+        losses = loss_fun(model(downsample(input, scale_factor)), target, reduction="none")
+        if losses.dim() > 1:
+            losses = losses.flatten(1).mean(dim=1)
+        dev = input.device
+        u = torch.rand(2, n, generator=generator, device=dev, dtype=torch.float64)
+        rank = ranks(losses, tie_noise=u[0])
+        g = gumbel_from_uniform(u[1])
+        idx = gumbel_top_k(rank_power_log_weights(rank, keep), kept_count(n, keep), g)
+    return input[idx], target[idx]

@@ -1,0 +1,191 @@
+"""The spine type: per-sample loss functions ``loss_fn(params, buffers, batch) -> Tensor[N]``.
+
+Every transform in sbfunc (scoring, selection, per-sample gradients, the training step) consumes
+a *per-sample loss function*: a pure function of a parameter dict, a buffer dict and a pytree
+batch that returns one loss per sample. This module bridges ``nn.Module`` + criterion to that
+type with :func:`torch.func.functional_call`, and splits a module into detached dicts.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from sbfunc.batch import Field, extract
+
+__all__ = [
+    "LossFn",
+    "Params",
+    "per_sample_loss",
+    "reduce_per_sample",
+    "split_module",
+]
+
+Params = dict[str, torch.Tensor]
+
+
+class LossFn(Protocol):
+    """A pure per-sample loss function: ``(params, buffers, batch) -> Tensor[N]``."""
+
+    def __call__(self, params: Params, buffers: Params, batch: Any, /) -> torch.Tensor: ...
+
+
+def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Params]:
+    """Split a module into detached ``params`` and ``buffers`` dicts (names as in ``state_dict``).
+
+    Args:
+        module: any ``nn.Module``.
+        clone: copy the tensors instead of sharing storage with the module. Use it when the
+            functional code must never write into the module (BatchNorm in train mode updates
+            running statistics in the buffers it is given).
+
+    Returns:
+        ``(params, buffers)``, each a ``dict[str, Tensor]`` with ``requires_grad=False``.
+
+    Example:
+        >>> params, buffers = sbfunc.split_module(torch.nn.BatchNorm1d(3))
+        >>> sorted(params), sorted(buffers)
+        (['bias', 'weight'], ['num_batches_tracked', 'running_mean', 'running_var'])
+    """
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        return t.clone() if clone else t
+
+    params = {k: copy(v) for k, v in module.named_parameters()}
+    buffers = {k: copy(v) for k, v in module.named_buffers()}
+    return params, buffers
+
+
+def reduce_per_sample(losses: torch.Tensor, n: int | None = None) -> torch.Tensor:
+    """Reduce element losses ``[N, ...]`` to per-sample losses ``[N]`` by the mean over the
+    non-batch dimensions (token- or pixel-level losses count each sample once).
+
+    Raises:
+        ValueError: if ``losses`` is 0-d (a criterion that already reduced the batch) or its
+            leading dimension is not ``n``.
+
+    Example:
+        >>> sbfunc.reduce_per_sample(torch.tensor([[1.0, 3.0], [2.0, 2.0]]))
+        tensor([2., 2.])
+    """
+    if not isinstance(losses, torch.Tensor) or losses.dim() == 0:
+        raise ValueError(
+            "the loss must be per-sample, of shape [N] or [N, ...]; got a "
+            + (
+                f"0-d tensor {losses}"
+                if isinstance(losses, torch.Tensor)
+                else type(losses).__name__
+            )
+            + ". Use reduction='none' in the criterion."
+        )
+    if n is not None and losses.shape[0] != n:
+        raise ValueError(
+            f"the loss has leading dimension {losses.shape[0]} but the batch has {n} samples"
+        )
+    return losses if losses.dim() == 1 else losses.flatten(1).mean(dim=1)
+
+
+def _accepts_reduction(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return "reduction" in sig.parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()
+    )
+
+
+def _per_element_criterion(criterion: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    if not callable(criterion):
+        raise TypeError(f"criterion must be callable, got {type(criterion).__name__}")
+    if isinstance(criterion, nn.Module):
+        reduction = getattr(criterion, "reduction", "none")
+        if reduction != "none":
+            raise ValueError(
+                f"criterion {type(criterion).__name__} has reduction={reduction!r}; "
+                "per-sample losses need reduction='none'"
+            )
+        return criterion
+    if _accepts_reduction(criterion):
+        return lambda out, tgt: criterion(out, tgt, reduction="none")
+    return criterion
+
+
+def per_sample_loss(
+    module: nn.Module,
+    criterion: Callable[..., torch.Tensor],
+    *,
+    input: Field = 0,
+    target: Field = 1,
+    train: bool | None = False,
+) -> LossFn:
+    """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
+
+    The returned ``loss_fn(params, buffers, batch)`` runs
+    ``functional_call(module, (params, buffers), (batch[input],))`` and
+    ``criterion(outputs, batch[target])`` and reduces any trailing loss dimensions by their mean,
+    returning ``Tensor[N]``. It is a pure function of its arguments, so ``torch.func.grad``,
+    ``vmap`` and ``torch.compile`` compose with it.
+
+    **Train or eval mode.** Dropout and BatchNorm make the loss depend on the module's mode.
+    ``train=False`` (the default) evaluates the module in eval mode: scores are deterministic,
+    independent of the other samples in the batch, and scoring never writes BatchNorm running
+    statistics (Composer scores in train mode, so its dropout adds noise to the ranking and a
+    downsampled scoring pass pollutes the running statistics). For the training loss itself
+    build a second function with ``train=True``. ``train=None`` uses the module's mode at call
+    time. The mode is set for the duration of the call and restored afterwards.
+
+    Args:
+        module: the model; its own tensors are used only for names missing from the dicts.
+        criterion: ``criterion(outputs, targets)``. An ``nn.Module`` loss must have
+            ``reduction='none'``; a function that accepts ``reduction`` (such as
+            ``torch.nn.functional.cross_entropy``) is called with ``reduction='none'``.
+        input: where the model input sits in the batch: an int index (tuple batches), a str key
+            (dict batches) or a callable ``batch -> input``.
+        target: where the target sits, same forms as ``input``.
+        train: the module mode during the call (see above).
+
+    Returns:
+        A :class:`LossFn`.
+
+    Raises:
+        TypeError: if ``criterion`` is not callable.
+        ValueError: if an ``nn.Module`` criterion reduces the batch.
+
+    Example:
+        >>> model = torch.nn.Linear(3, 2)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> loss_fn(params, buffers, (torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1]))).shape
+        torch.Size([5])
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if train is not None and not isinstance(train, bool):
+        raise TypeError(f"train must be True, False or None, got {train!r}")
+    crit = _per_element_criterion(criterion)
+
+    def loss_fn(params: Params, buffers: Params, batch: Any) -> torch.Tensor:
+        x = extract(batch, input, "input")
+        y = extract(batch, target, "target")
+        was_training = module.training
+        if train is not None and train != was_training:
+            module.train(train)
+        try:
+            out = functional_call(module, (params, buffers), (x,))
+        finally:
+            if module.training != was_training:
+                module.train(was_training)
+        n = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() > 0 else None
+        return reduce_per_sample(crit(out, y), n)
+
+    return loss_fn

@@ -1,0 +1,65 @@
+"""Score every sample of a batch by its loss, under no-grad."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sbfunc.batch import Field, batch_size
+from sbfunc.module import LossFn, Params, reduce_per_sample
+from sbfunc.score.downsample import downsample_batch
+
+__all__ = ["score_losses"]
+
+
+def score_losses(
+    loss_fn: LossFn,
+    params: Params,
+    buffers: Params,
+    batch: Any,
+    *,
+    scale_factor: float = 1.0,
+    input: Field = 0,
+) -> torch.Tensor:
+    """Per-sample losses of a whole batch, computed without building a graph.
+
+    The cheap forward of Selective Backprop: ``loss_fn`` runs under ``torch.no_grad`` on the
+    batch, optionally with its ``input`` field spatially downsampled by ``scale_factor`` (the
+    gradient step later uses the full-size rows). Element losses ``[N, ...]`` (tokens, pixels)
+    are reduced per sample by their mean.
+
+    Whether dropout and BatchNorm run in train or eval mode is a property of ``loss_fn``: build
+    it with ``sbfunc.per_sample_loss(..., train=False)`` (the default) for deterministic scores
+    that never touch running statistics.
+
+    Args:
+        loss_fn: a per-sample loss function ``(params, buffers, batch) -> Tensor[N]``.
+        params: parameter dict.
+        buffers: buffer dict.
+        batch: any pytree batch.
+        scale_factor: spatial scale of the scoring input, in (0, 1].
+        input: where the input sits in the batch (only used when ``scale_factor != 1``).
+
+    Returns:
+        A detached ``Tensor[N]`` on the batch's device.
+
+    Raises:
+        ValueError: for ``scale_factor`` outside (0, 1], an input of rank other than 3, 4 or 5
+            when downsampling, or a loss that is not per-sample.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 3))
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> batch = (torch.randn(8, 1, 4, 4), torch.randint(0, 3, (8,)))
+        >>> sbfunc.score_losses(loss_fn, params, buffers, batch).shape
+        torch.Size([8])
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
+    """
+    n = batch_size(batch)
+    scored = downsample_batch(batch, scale_factor, input=input)
+    with torch.no_grad():
+        return reduce_per_sample(loss_fn(params, buffers, scored), n).detach()

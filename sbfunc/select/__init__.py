@@ -1,0 +1,22 @@
+"""Select: pure functions from per-sample scores to kept indices, with explicit randomness."""
+
+from sbfunc.select.base import Selection, check_keep, kept_count, ranks
+from sbfunc.select.samplers import (
+    gumbel_top_k,
+    random_subset,
+    rank_power,
+    rank_power_log_weights,
+    top_k,
+)
+
+__all__ = [
+    "Selection",
+    "check_keep",
+    "gumbel_top_k",
+    "kept_count",
+    "random_subset",
+    "rank_power",
+    "rank_power_log_weights",
+    "ranks",
+    "top_k",
+]

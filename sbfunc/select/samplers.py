@@ -1,0 +1,137 @@
+"""Selection rules: pure functions from per-sample scores to a :class:`Selection`."""
+
+from __future__ import annotations
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.select.base import Selection, check_keep, kept_count, ranks
+
+__all__ = ["gumbel_top_k", "random_subset", "rank_power", "rank_power_log_weights", "top_k"]
+
+
+def _check_scores(scores: torch.Tensor) -> int:
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
+        raise ValueError(
+            "scores must be a non-empty 1-D tensor [N], got "
+            + (
+                f"shape {tuple(scores.shape)}"
+                if isinstance(scores, torch.Tensor)
+                else type(scores).__name__
+            )
+        )
+    return scores.shape[0]
+
+
+def _sorted(indices: torch.Tensor) -> torch.Tensor:
+    return torch.sort(indices).values
+
+
+def gumbel_top_k(log_weights: torch.Tensor, k: int, gumbel: torch.Tensor) -> torch.Tensor:
+    """Draw ``k`` indices without replacement with probabilities proportional to
+    ``exp(log_weights)``, by the Gumbel-top-k trick; returns them sorted ascending.
+
+    The ``k`` largest of ``log_weights + G`` (``G`` i.i.d. standard Gumbel) have the same law as
+    ``k`` sequential weighted draws without replacement (Kool et al. 2019), and need one
+    ``topk`` on the device instead of ``k`` host round-trips.
+
+    Args:
+        log_weights: ``Tensor[N]`` of unnormalised log-probabilities (``-inf`` never drawn).
+        k: number of draws, ``1 <= k <= N``.
+        gumbel: ``Tensor[N]`` of standard Gumbel noise (see :func:`sbfunc.random.gumbel`).
+
+    Example:
+        >>> g = sbfunc.random.gumbel(sbfunc.random.key(0), (5,))
+        >>> sbfunc.gumbel_top_k(torch.zeros(5), 2, g).shape
+        torch.Size([2])
+
+    References:
+        Kool, van Hoof and Welling 2019, "Stochastic Beams and Where to Find Them".
+    """
+    return _sorted(torch.topk(log_weights + gumbel, k, sorted=False).indices)
+
+
+def rank_power_log_weights(rank: torch.Tensor, keep: float) -> torch.Tensor:
+    """Composer's selection weights in log space: ``(1/keep - 1) * log((rank + 0.5) / N)``.
+
+    Example:
+        >>> sbfunc.rank_power_log_weights(torch.tensor([0, 1]), 0.5).exp().float()
+        tensor([0.2500, 0.7500])
+    """
+    n = rank.shape[0]
+    return (1.0 / keep - 1.0) * torch.log((rank.to(torch.float64) + 0.5) / n)
+
+
+def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selection:
+    """Composer/Jiang selection: sample ``max(1, floor(keep*N))`` rows without replacement,
+    rank ``r`` (0 = lowest score) weighted ``((r + 0.5) / N) ** (1/keep - 1)``.
+
+    Same law as Composer's ``np.random.choice(N, k, replace=False, p=w/sum(w))`` but drawn on
+    the scores' device with Gumbel-top-k, from an explicit key, ties in ``scores`` broken
+    uniformly at random, and the indices returned sorted. Depends on scores only through their
+    ranks, so any strictly increasing transform of the scores gives the same selection.
+
+    Args:
+        scores: ``Tensor[N]``, higher means more useful to backpropagate (e.g. the loss).
+        keep: fraction in (0, 1]; ``keep=1`` keeps every row.
+        key: an :mod:`sbfunc.random` key.
+
+    Returns:
+        A :class:`Selection` with ``weights=None``.
+
+    Example:
+        >>> losses = torch.tensor([0.1, 2.0, 0.3, 5.0])
+        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(0)).indices
+        tensor([1, 3])
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        MosaicML Composer, ``composer.algorithms.selective_backprop.select_using_loss``.
+    """
+    n = _check_scores(scores)
+    keep = check_keep(keep)
+    k = kept_count(n, keep)
+    tie_key, noise_key = sbrandom.split(key)
+    log_w = rank_power_log_weights(ranks(scores, key=tie_key), keep)
+    g = sbrandom.gumbel(noise_key, (n,), device=scores.device, dtype=torch.float64)
+    return Selection(gumbel_top_k(log_w, k, g))
+
+
+def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None) -> Selection:
+    """Deterministic selection of the ``max(1, floor(keep*N))`` highest scores.
+
+    Args:
+        scores: ``Tensor[N]``.
+        keep: fraction in (0, 1].
+        key: optional key to break ties uniformly at random; without one, among equal scores
+            the lower index wins.
+
+    Example:
+        >>> sbfunc.top_k(torch.tensor([0.1, 2.0, 0.3, 5.0]), 0.5).indices
+        tensor([1, 3])
+
+    References:
+        Mindermann et al. 2022, "Prioritized Training on Points that are Learnable, Worth
+        Learning, and Not Yet Learnt" (top-k by a score).
+    """
+    n = _check_scores(scores)
+    k = kept_count(n, check_keep(keep))
+    rank = ranks(-scores, key=key)  # rank 0 = highest score
+    return Selection(_sorted(torch.topk(-rank, k, sorted=False).indices))
+
+
+def random_subset(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selection:
+    """Uniformly random subset of ``max(1, floor(keep*N))`` rows (ignores the score values):
+    the control for any selection study.
+
+    Example:
+        >>> sbfunc.random_subset(torch.zeros(10), 0.3, key=sbfunc.random.key(0)).indices.shape
+        torch.Size([3])
+
+    References:
+        Jiang et al. 2019 (the random-subset baseline).
+    """
+    n = _check_scores(scores)
+    k = kept_count(n, check_keep(keep))
+    u = sbrandom.uniform(key, (n,), device=scores.device)
+    return Selection(_sorted(torch.topk(u, k, sorted=False).indices))
