@@ -8,7 +8,7 @@ ints, ``None``) and 0-d tensors are treated as batch-wide metadata and pass thro
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import optree
 import torch
@@ -97,12 +97,13 @@ def take(batch: Batch, indices: torch.Tensor) -> Batch:
     if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
         raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
     batch_size(batch)  # validates the leading dimensions, raising a clear error
-    return optree.tree_map(
+    pruned = optree.tree_map(
         lambda leaf: (
             leaf.index_select(0, indices.to(leaf.device)) if _is_per_sample(leaf) else leaf
         ),
-        batch,
+        batch,  # type: ignore[arg-type]
     )
+    return cast(Batch, pruned)
 
 
 def extract(batch: Any, key: Field, what: str = "key") -> Any:
