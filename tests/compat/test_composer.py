@@ -1,0 +1,131 @@
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import sbfunc
+
+
+def _reference_should(d, b, start, end, interrupt):
+    return start <= d < end and (interrupt == 0 or (b + 1) % interrupt != 0)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    st.floats(0, 1),
+    st.integers(0, 1000),
+    st.floats(0, 1),
+    st.floats(0, 1),
+    st.one_of(st.just(0), st.integers(2, 10)),
+)
+def test_should_selective_backprop_matches_composer(d, b, start, end, interrupt):
+    start, end = min(start, end), max(start, end)
+    assert sbfunc.should_selective_backprop(d, b, start, end, interrupt) == _reference_should(
+        d, b, start, end, interrupt
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "msg"),
+    [
+        ({"interrupt": 1}, ValueError, "interrupt must be 0"),
+        ({"interrupt": -2}, ValueError, "interrupt must be 0"),
+        ({"interrupt": 2.0}, TypeError, "interrupt must be an int"),
+        ({"start": 0.9, "end": 0.5}, ValueError, "start must be <= end"),
+        ({"start": -0.1}, ValueError, r"start must be in \[0, 1\]"),
+        ({"end": 1.5}, ValueError, r"end must be in \[0, 1\]"),
+        ({"current_duration": 1.2}, ValueError, r"current_duration must be in \[0, 1\]"),
+        ({"batch_idx": -1}, ValueError, "batch_idx must be an int >= 0"),
+    ],
+)
+def test_should_selective_backprop_errors(kwargs, exc, msg):
+    args = {"current_duration": 0.6, "batch_idx": 0, **kwargs}
+    with pytest.raises(exc, match=msg):
+        sbfunc.should_selective_backprop(**args)
+
+
+def _setup(n=32):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(16, 5)
+    )
+    x, y = torch.randn(n, 1, 8, 8), torch.randint(0, 5, (n,))
+    return model, x, y
+
+
+def test_select_using_loss_prunes_aligned_rows_in_batch_order():
+    model, x, y = _setup()
+    xs, ys = sbfunc.select_using_loss(
+        x, y, model, F.cross_entropy, keep=0.5, generator=torch.Generator().manual_seed(0)
+    )
+    assert xs.shape == (16, 1, 8, 8) and ys.shape == (16,)
+    rows = [int(torch.nonzero((x == r).all(dim=(1, 2, 3)))[0]) for r in xs]
+    assert rows == sorted(rows) and len(set(rows)) == 16
+    assert torch.equal(ys, y[rows])
+
+
+def test_select_using_loss_same_generator_same_rows_and_no_grad():
+    model, x, y = _setup()
+    a = sbfunc.select_using_loss(
+        x, y, model, F.cross_entropy, 0.25, 0.5, generator=torch.Generator().manual_seed(3)
+    )
+    b = sbfunc.select_using_loss(
+        x, y, model, F.cross_entropy, 0.25, 0.5, generator=torch.Generator().manual_seed(3)
+    )
+    assert torch.equal(a[0], b[0]) and not a[0].requires_grad
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_select_using_loss_prefers_high_loss():
+    model, x, y = _setup(64)
+    losses = F.cross_entropy(model(x), y, reduction="none").detach()
+    hits = torch.zeros(64)
+    for seed in range(200):
+        _, idx_y = sbfunc.select_using_loss(
+            x,
+            torch.arange(64),
+            model,
+            lambda o, t, reduction: F.cross_entropy(o, y[t], reduction=reduction),
+            keep=0.25,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        hits[idx_y] += 1
+    order = torch.argsort(losses)
+    assert hits[order[-16:]].sum() > 3 * hits[order[:16]].sum()
+
+
+def test_keep_one_batch_of_one():
+    model, x, y = _setup(1)
+    xs, _ = sbfunc.select_using_loss(x, y, model, F.cross_entropy, keep=0.5)
+    assert xs.shape[0] == 1  # Composer returns an empty batch here
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "msg"),
+    [
+        ({"scale_factor": 0.5, "input": torch.randn(4, 8)}, ValueError, "3-D, 4-D or 5-D"),
+        ({"scale_factor": 2.0}, ValueError, r"scale_factor must be in \(0, 1\]"),
+        ({"scale_factor": 0.0}, ValueError, r"scale_factor must be in \(0, 1\]"),
+        ({"loss_fun": lambda o, t: o.sum()}, TypeError, "reduction='none'"),
+        ({"loss_fun": 3}, TypeError, "callable"),
+        ({"keep": 0.0}, ValueError, r"keep must be in \(0, 1\]"),
+        ({"keep": 1.5}, ValueError, r"keep must be in \(0, 1\]"),
+    ],
+)
+def test_select_using_loss_errors(kwargs, exc, msg):
+    model, x, y = _setup(4)
+    args = {"input": x, "target": y, "model": model, "loss_fun": F.cross_entropy, **kwargs}
+    if args["input"].dim() == 2:
+        args["model"] = nn.Linear(8, 5)
+    with pytest.raises(exc, match=msg):
+        sbfunc.select_using_loss(**args)
+
+
+def test_composer_check_order_rank_before_scale_range():
+    # Composer checks the input rank before the scale range.
+    with pytest.raises(ValueError, match="3-D, 4-D or 5-D"):
+        sbfunc.select_using_loss(
+            torch.randn(4, 8), torch.zeros(4), nn.Linear(8, 2), F.cross_entropy, scale_factor=2.0
+        )
