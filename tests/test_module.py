@@ -76,7 +76,7 @@ def test_reducing_criterion_rejected():
         sbfunc.per_sample_loss(nn.Linear(2, 2), nn.CrossEntropyLoss())
     with pytest.raises(TypeError, match="criterion must be callable"):
         sbfunc.per_sample_loss(nn.Linear(2, 2), "ce")
-    with pytest.raises(TypeError, match="module must be an nn.Module"):
+    with pytest.raises(TypeError, match=r"module must be an nn\.Module"):
         sbfunc.per_sample_loss(lambda x: x, F.cross_entropy)
     with pytest.raises(TypeError, match="train must be"):
         sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="yes")
