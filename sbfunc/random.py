@@ -27,6 +27,7 @@ import torch
 
 __all__ = [
     "Key",
+    "bits",
     "fold_in",
     "generator",
     "gumbel",
@@ -163,6 +164,23 @@ def uniform(
     """
     dev = torch.device("cpu") if device is None else torch.device(device)
     return torch.rand(tuple(shape), generator=generator(k, dev), device=dev, dtype=dtype)
+
+
+def bits(
+    k: Key,
+    shape: tuple[int, ...] | torch.Size,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Uniform random ``int64`` values in ``[0, 2**31)`` of ``shape``, drawn on ``device``.
+
+    Example:
+        >>> b = sbfunc.random.bits(sbfunc.random.key(0), (4,))
+        >>> b.dtype, bool(((b >= 0) & (b < 2**31)).all())
+        (torch.int64, True)
+    """
+    dev = torch.device("cpu") if device is None else torch.device(device)
+    return torch.randint(0, 2**31, tuple(shape), generator=generator(k, dev), device=dev)
 
 
 def gumbel(

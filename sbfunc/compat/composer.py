@@ -7,11 +7,10 @@ from collections.abc import Callable
 
 import torch
 
-from sbfunc.module import _accepts_reduction
-from sbfunc.random import gumbel_from_uniform
+from sbfunc.module import _accepts_reduction, reduce_per_sample
 from sbfunc.score.downsample import _MODES, downsample
-from sbfunc.select.base import check_keep, kept_count, ranks
-from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
+from sbfunc.select.base import check_keep
+from sbfunc.select.samplers import rank_power_indices
 
 __all__ = ["select_using_loss", "should_selective_backprop"]
 
@@ -148,14 +147,7 @@ def select_using_loss(
         raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
     keep = check_keep(keep)
 
-    n = input.shape[0]
     with torch.no_grad():
         losses = loss_fun(model(downsample(input, scale_factor)), target, reduction="none")
-        if losses.dim() > 1:
-            losses = losses.flatten(1).mean(dim=1)
-        dev = input.device
-        u = torch.rand(2, n, generator=generator, device=dev, dtype=torch.float64)
-        rank = ranks(losses, tie_noise=u[0])
-        g = gumbel_from_uniform(u[1])
-        idx = gumbel_top_k(rank_power_log_weights(rank, keep), kept_count(n, keep), g)
+        idx = rank_power_indices(reduce_per_sample(losses, input.shape[0]), keep, generator)
     return input[idx], target[idx]

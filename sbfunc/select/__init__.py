@@ -5,6 +5,7 @@ from sbfunc.select.samplers import (
     gumbel_top_k,
     random_subset,
     rank_power,
+    rank_power_indices,
     rank_power_log_weights,
     top_k,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "kept_count",
     "random_subset",
     "rank_power",
+    "rank_power_indices",
     "rank_power_log_weights",
     "ranks",
     "top_k",

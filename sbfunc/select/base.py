@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from typing import NamedTuple
@@ -58,7 +59,21 @@ def kept_count(n: int, keep: float) -> int:
     keep = check_keep(keep)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n (the batch size) must be an int >= 1, got {n!r}")
+    return _kept_count(n, keep)
+
+
+@functools.lru_cache(maxsize=256)
+def _kept_count(n: int, keep: float) -> int:
     return max(1, math.floor(Fraction(repr(keep)) * n))
+
+
+def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
+    """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0."""
+    bits = (scores.to(torch.float32) + 0.0).view(torch.int32)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+
+
+_EXACT_IN_FLOAT32 = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def ranks(
@@ -69,9 +84,11 @@ def ranks(
 ) -> torch.Tensor:
     """Rank of every score, 0 for the lowest, with ties broken uniformly at random.
 
-    Ties are broken by a random permutation drawn from ``key`` (or from ``tie_noise``, a
-    ``Tensor[N]`` of i.i.d. continuous noise); with neither, by position (stable sort). Runs on
-    the scores' device without a host sync.
+    Ties are broken by random integers drawn from ``key`` (or given as ``tie_noise``, an int64
+    ``Tensor[N]`` of i.i.d. values in ``[0, 2**31)``, see :func:`sbfunc.random.bits`); with
+    neither, by position (stable sort). For float32/16 scores one sort of a packed 64-bit
+    (score, noise) key does both jobs; other dtypes take a random permutation and a stable sort.
+    Runs on the scores' device without a host sync.
 
     Example:
         >>> sbfunc.ranks(torch.tensor([0.3, 0.1, 0.2]))
@@ -81,11 +98,13 @@ def ranks(
         raise ValueError(f"scores must be 1-D [N], got shape {tuple(scores.shape)}")
     n = scores.shape[0]
     if key is not None:
-        tie_noise = sbrandom.uniform(key, (n,), device=scores.device)
+        tie_noise = sbrandom.bits(key, (n,), device=scores.device)
     if tie_noise is None:
         order = torch.argsort(scores, stable=True)
+    elif scores.dtype in _EXACT_IN_FLOAT32:
+        order = torch.argsort(_monotone_int(scores) * 2**32 + tie_noise, stable=True)
     else:
-        perm = torch.argsort(tie_noise)
+        perm = torch.argsort(tie_noise, stable=True)
         order = perm[torch.argsort(scores[perm], stable=True)]
     out = torch.empty_like(order)
     out[order] = torch.arange(n, device=scores.device)

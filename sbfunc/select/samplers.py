@@ -7,7 +7,14 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.select.base import Selection, check_keep, kept_count, ranks
 
-__all__ = ["gumbel_top_k", "random_subset", "rank_power", "rank_power_log_weights", "top_k"]
+__all__ = [
+    "gumbel_top_k",
+    "random_subset",
+    "rank_power",
+    "rank_power_indices",
+    "rank_power_log_weights",
+    "top_k",
+]
 
 
 def _check_scores(scores: torch.Tensor) -> int:
@@ -55,11 +62,11 @@ def rank_power_log_weights(rank: torch.Tensor, keep: float) -> torch.Tensor:
     """Composer's selection weights in log space: ``(1/keep - 1) * log((rank + 0.5) / N)``.
 
     Example:
-        >>> sbfunc.rank_power_log_weights(torch.tensor([0, 1]), 0.5).exp().float()
+        >>> sbfunc.rank_power_log_weights(torch.tensor([0, 1]), 0.5).exp()
         tensor([0.2500, 0.7500])
     """
     n = rank.shape[0]
-    return (1.0 / keep - 1.0) * torch.log((rank.to(torch.float64) + 0.5) / n)
+    return (1.0 / keep - 1.0) * torch.log((rank.to(torch.float32) + 0.5) / n)
 
 
 def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selection:
@@ -81,20 +88,36 @@ def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selec
 
     Example:
         >>> losses = torch.tensor([0.1, 2.0, 0.3, 5.0])
-        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(0)).indices
+        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(1)).indices
         tensor([1, 3])
 
     References:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
         MosaicML Composer, ``composer.algorithms.selective_backprop.select_using_loss``.
     """
-    n = _check_scores(scores)
-    keep = check_keep(keep)
+    _check_scores(scores)
+    return Selection(rank_power_indices(scores, keep, sbrandom.generator(key, scores.device)))
+
+
+def rank_power_indices(
+    scores: torch.Tensor, keep: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The sorted indices :func:`rank_power` draws, with randomness from a ``torch.Generator``
+    on the scores' device (``None``: torch's default generator). Shared by
+    :func:`rank_power` and the Composer-compatible ``select_using_loss``.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> sbfunc.select.rank_power_indices(torch.tensor([0.1, 2.0, 0.3, 5.0]), 0.5, g).shape
+        torch.Size([2])
+    """
+    n = scores.shape[0]
     k = kept_count(n, keep)
-    tie_key, noise_key = sbrandom.split(key)
-    log_w = rank_power_log_weights(ranks(scores, key=tie_key), keep)
-    g = sbrandom.gumbel(noise_key, (n,), device=scores.device, dtype=torch.float64)
-    return Selection(gumbel_top_k(log_w, k, g))
+    dev = scores.device
+    tie_noise = torch.randint(0, 2**31, (n,), generator=generator, device=dev)
+    u = torch.rand(n, generator=generator, device=dev)
+    log_w = rank_power_log_weights(ranks(scores, tie_noise=tie_noise), keep)
+    return gumbel_top_k(log_w, k, sbrandom.gumbel_from_uniform(u))
 
 
 def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None) -> Selection:
