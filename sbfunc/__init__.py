@@ -5,6 +5,7 @@ inputs (parameters, buffers, a pytree batch, a random key); the public namespace
 """
 
 from sbfunc import compat, random, score, select
+from sbfunc.algorithms import cutout_batch, mixup_batch, smooth_labels, soft_targets
 from sbfunc.batch import batch_size, extract, replace, take
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
 from sbfunc.module import LossFn, Params, per_sample_loss, reduce_per_sample, split_module
@@ -20,6 +21,7 @@ from sbfunc.select import (
     ranks,
     top_k,
 )
+from sbfunc.step import checkpoint
 
 __version__ = "0.1.0"
 
@@ -29,10 +31,13 @@ __all__ = [
     "Selection",
     "batch_size",
     "check_keep",
+    "checkpoint",
     "compat",
+    "cutout_batch",
     "extract",
     "gumbel_top_k",
     "kept_count",
+    "mixup_batch",
     "per_sample_loss",
     "random",
     "random_subset",
@@ -46,6 +51,8 @@ __all__ = [
     "select",
     "select_using_loss",
     "should_selective_backprop",
+    "smooth_labels",
+    "soft_targets",
     "split_module",
     "take",
     "top_k",
