@@ -20,6 +20,7 @@ from sbfunc.batch import Field, extract
 
 __all__ = [
     "LossFn",
+    "ModuleLoss",
     "Params",
     "per_sample_loss",
     "reduce_per_sample",
@@ -124,7 +125,7 @@ def per_sample_loss(
     input: Field = 0,
     target: Field = 1,
     train: bool | None = False,
-) -> LossFn:
+) -> ModuleLoss:
     """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
 
     The returned ``loss_fn(params, buffers, batch)`` runs
@@ -152,7 +153,8 @@ def per_sample_loss(
         train: the module mode during the call (see above).
 
     Returns:
-        A :class:`LossFn`.
+        A :class:`ModuleLoss`: a :class:`LossFn` that also exposes ``forward`` and
+        ``criterion`` separately and ``with_train(mode)``.
 
     Raises:
         TypeError: if ``criterion`` is not callable.
@@ -168,24 +170,78 @@ def per_sample_loss(
     References:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-    if train is not None and not isinstance(train, bool):
-        raise TypeError(f"train must be True, False or None, got {train!r}")
-    crit = _per_element_criterion(criterion)
+    return ModuleLoss(module, criterion, input=input, target=target, train=train)
 
-    def loss_fn(params: Params, buffers: Params, batch: Any) -> torch.Tensor:
-        x = extract(batch, input, "input")
-        y = extract(batch, target, "target")
-        was_training = module.training
-        if train is not None and train != was_training:
-            module.train(train)
+
+class ModuleLoss:
+    """A :class:`LossFn` built from a module and a criterion, split into its two halves.
+
+    Calling it is ``criterion(forward(params, buffers, batch), batch)``. The halves let the
+    training step run the forward, fire ``AFTER_FORWARD``/``BEFORE_LOSS``, then the loss (so
+    algorithms can change targets in between, as Composer's events promise). Build it with
+    :func:`per_sample_loss`.
+
+    Example:
+        >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), torch.nn.functional.mse_loss)
+        >>> params, buffers = sbfunc.split_module(torch.nn.Linear(2, 2))
+        >>> out = loss_fn.forward(params, buffers, (torch.ones(3, 2), torch.zeros(3, 2)))
+        >>> loss_fn.criterion(out, (torch.ones(3, 2), torch.zeros(3, 2))).shape
+        torch.Size([3])
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        criterion: Callable[..., torch.Tensor],
+        *,
+        input: Field = 0,
+        target: Field = 1,
+        train: bool | None = False,
+    ) -> None:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        if train is not None and not isinstance(train, bool):
+            raise TypeError(f"train must be True, False or None, got {train!r}")
+        self.module = module
+        self.raw_criterion = criterion
+        self._criterion = _per_element_criterion(criterion)
+        self.input, self.target, self.train = input, target, train
+
+    def with_train(self, train: bool | None) -> ModuleLoss:
+        """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss).
+
+        Example:
+            >>> mse = torch.nn.functional.mse_loss
+            >>> sbfunc.per_sample_loss(torch.nn.Linear(2, 2), mse).with_train(True).train
+            True
+        """
+        return ModuleLoss(
+            self.module, self.raw_criterion, input=self.input, target=self.target, train=train
+        )
+
+    def forward(self, params: Params, buffers: Params, batch: Any) -> Any:
+        """The module's outputs on the batch's input, in this loss's train/eval mode."""
+        x = extract(batch, self.input, "input")
+        module, was_training = self.module, self.module.training
+        if self.train is not None and self.train != was_training:
+            module.train(self.train)
         try:
-            out = functional_call(module, (params, buffers), (x,))
+            return functional_call(module, (params, buffers), (x,))
         finally:
             if module.training != was_training:
                 module.train(was_training)
-        n = x.shape[0] if isinstance(x, torch.Tensor) and x.dim() > 0 else None
-        return reduce_per_sample(crit(out, y), n)
 
-    return loss_fn
+    def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:
+        """Per-sample losses ``[N]`` of ``outputs`` against the batch's target."""
+        losses = self._criterion(outputs, extract(batch, self.target, "target"))
+        n = outputs.shape[0] if isinstance(outputs, torch.Tensor) and outputs.dim() > 0 else None
+        return reduce_per_sample(losses, n)
+
+    def __call__(self, params: Params, buffers: Params, batch: Any) -> torch.Tensor:
+        return self.criterion(self.forward(params, buffers, batch), batch)
+
+    def __repr__(self) -> str:
+        return (
+            f"ModuleLoss({type(self.module).__name__}, input={self.input!r}, "
+            f"target={self.target!r}, train={self.train})"
+        )
