@@ -4,7 +4,7 @@ The data flow is score -> select -> prune -> step. Every stage is a pure functio
 inputs (parameters, buffers, a pytree batch, a random key); the public namespace is flat.
 """
 
-from sbfunc import compat, random, score, select
+from sbfunc import compat, datasets, random, score, select
 from sbfunc.algorithms import cutout_batch, mixup_batch, smooth_labels, soft_targets
 from sbfunc.batch import batch_size, extract, replace, take
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
@@ -33,6 +33,7 @@ __all__ = [
     "check_keep",
     "checkpoint",
     "compat",
+    "datasets",
     "cutout_batch",
     "extract",
     "gumbel_top_k",

@@ -1,0 +1,128 @@
+"""Embedded datasets for examples, tests and studies: nothing is downloaded.
+
+* :func:`mnist1d` generates the MNIST-1D benchmark procedurally with
+  ``mnist1d.data.make_dataset`` (needs the ``examples`` extra: ``pip install -e ".[examples]"``);
+  the download path ``get_dataset`` is never used.
+* :func:`digits` loads scikit-learn's bundled 8x8 digits (1797 images, shipped in the wheel).
+* :func:`batches` cuts tensors into shuffled minibatches from an explicit key.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import torch
+
+from sbfunc import random as sbrandom
+
+__all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
+
+
+class Split(NamedTuple):
+    """Train and test tensors: ``x_*`` are ``[N, 1, L]`` (mnist1d) or ``[N, 1, 8, 8]``
+    (digits) float32, ``y_*`` are ``[N]`` int64 labels."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def _require(module: str, extra: str = "examples") -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"{module} is needed for this dataset: pip install -e '.[{extra}]'"
+        ) from err
+
+
+def mnist1d(num_samples: int = 5000, *, seed: int = 42) -> Split:
+    """MNIST-1D generated offline (80/20 train/test split as in the reference code).
+
+    Args:
+        num_samples: total samples (the published default split is 5000: 4000/1000).
+        seed: the generator's seed.
+
+    Example:
+        >>> data = sbfunc.datasets.mnist1d(500)  # doctest: +SKIP
+        >>> data.x_train.shape  # doctest: +SKIP
+        torch.Size([400, 1, 40])
+
+    References:
+        Greydanus 2020, "Scaling down Deep Learning" (MNIST-1D).
+    """
+    data_mod = _require("mnist1d.data")
+    args = data_mod.get_dataset_args()
+    args.num_samples, args.seed = int(num_samples), int(seed)
+    d = data_mod.make_dataset(args)  # procedural: pure numpy/scipy, no download
+
+    def x(a: Any) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=torch.float32).unsqueeze(1)
+
+    def y(a: Any) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=torch.int64)
+
+    return Split(x(d["x"]), y(d["y"]), x(d["x_test"]), y(d["y_test"]))
+
+
+def digits(*, test_fraction: float = 0.2, key: sbrandom.Key | None = None) -> Split:
+    """scikit-learn's bundled 8x8 digits, scaled to [0, 1], split at random by ``key``.
+
+    Example:
+        >>> data = sbfunc.datasets.digits(key=sbfunc.random.key(0))  # doctest: +SKIP
+        >>> data.x_train.shape  # doctest: +SKIP
+        torch.Size([1438, 1, 8, 8])
+    """
+    ds = _require("sklearn.datasets").load_digits()
+    x = torch.as_tensor(ds.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.as_tensor(ds.target, dtype=torch.int64)
+    perm = torch.argsort(sbrandom.uniform(sbrandom.key(0) if key is None else key, (len(y),)))
+    n_test = round(test_fraction * len(y))
+    test, train = perm[:n_test], perm[n_test:]
+    return Split(x[train], y[train], x[test], y[test])
+
+
+def with_label_noise(
+    y: torch.Tensor, fraction: float, num_classes: int, *, key: sbrandom.Key
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric label noise: a ``fraction`` of labels replaced by a *different* random class.
+
+    Returns:
+        ``(noisy_labels, is_mislabelled)``.
+
+    Example:
+        >>> y = torch.zeros(1000, dtype=torch.long)
+        >>> noisy, flipped = sbfunc.datasets.with_label_noise(y, 0.2, 10, key=sbfunc.random.key(0))
+        >>> int(flipped.sum()), bool((noisy[flipped] != 0).all())
+        (200, True)
+    """
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    k1, k2 = sbrandom.split(key)
+    n = y.shape[0]
+    flip = torch.zeros(n, dtype=torch.bool)
+    flip[torch.argsort(sbrandom.uniform(k1, (n,)))[: round(fraction * n)]] = True
+    shift = 1 + (sbrandom.uniform(k2, (n,)) * (num_classes - 1)).long()
+    noisy = torch.where(flip, (y + shift) % num_classes, y)
+    return noisy, flip
+
+
+def batches(
+    x: torch.Tensor, y: torch.Tensor, batch_size: int, *, key: sbrandom.Key, drop_last: bool = True
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Shuffled minibatches ``(x, y, ids)`` of one epoch, the order drawn from ``key``.
+
+    Example:
+        >>> x, y = torch.randn(10, 3), torch.arange(10)
+        >>> [b[2].shape[0] for b in sbfunc.datasets.batches(x, y, 4, key=sbfunc.random.key(0))]
+        [4, 4]
+    """
+    n = x.shape[0]
+    perm = torch.argsort(sbrandom.uniform(key, (n,)))
+    stop = n - n % batch_size if drop_last else n
+    for i in range(0, stop, batch_size):
+        ids = perm[i : i + batch_size]
+        yield x[ids], y[ids], ids
