@@ -1,0 +1,108 @@
+"""``inject_hyperparams``: an algorithm's hyperparameters as schedules, visible in state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
+from sbfunc.engine.events import Event
+from sbfunc.engine.state import State
+
+__all__ = ["Schedule", "inject_hyperparams"]
+
+Schedule = Callable[[float], float]
+"""A hyperparameter as a function of ``state.time.elapsed`` (the fraction of training)."""
+
+
+class _Injected(Algorithm):
+    """Rebuilds ``factory(**values)`` from the values in ``algorithm_state[self.name]``."""
+
+    def __init__(
+        self, factory: Callable[..., Algorithm], hparams: Mapping[str, Any], name: str | None
+    ) -> None:
+        self.factory = factory
+        self.schedules = {k: v for k, v in hparams.items() if callable(v)}
+        self.initial = {k: v for k, v in hparams.items() if not callable(v)}
+        first = self._build(self._values(0.0, self.initial))
+        self.parts = (first,)
+        self.name = name if name is not None else f"hyperparams:{first.name}"
+        for flag in FLAGS:
+            setattr(self, flag, getattr(first, flag))
+
+    def _values(self, elapsed: float, stored: Mapping[str, Any]) -> dict[str, Any]:
+        values = dict(stored)
+        for k, schedule in self.schedules.items():
+            values[k] = schedule(elapsed)
+        return values
+
+    def _build(self, values: dict[str, Any]) -> Algorithm:
+        cache = self.__dict__.get("_cache")
+        if cache is not None and cache[0] == values:
+            return cache[1]
+        alg = self.factory(**values)
+        if not isinstance(alg, Algorithm):
+            raise TypeError(f"factory must return an sbfunc Algorithm, got {alg!r}")
+        self.__dict__["_cache"] = (values, alg)
+        return alg
+
+    def _current(self, state: State) -> tuple[dict[str, Any], Algorithm]:
+        stored = state.algorithm_state.get(self.name, self.initial)
+        values = self._values(state.time.elapsed, stored)
+        return values, self._build(values)
+
+    def init(self, key: Any) -> Any:
+        return self._values(0.0, self.initial)
+
+    def match(self, event: Event, state: State) -> bool:
+        return self._current(state)[1].match(event, state)
+
+    def apply(self, event: Event, state: State) -> ApplyResult:
+        values, alg = self._current(state)
+        state = state.replace(algorithm_state={**state.algorithm_state, self.name: values})
+        return alg.apply(event, state)
+
+
+def inject_hyperparams(
+    factory: Callable[..., Algorithm], *, name: str | None = None
+) -> Callable[..., Algorithm]:
+    """Make ``factory``'s keyword hyperparameters live in state, optionally as schedules.
+
+    ``inject_hyperparams(factory)(**hparams)`` is an algorithm that, on every event, builds
+    ``factory(**values)`` and delegates ``match``/``apply`` to it. ``values`` are the current
+    hyperparameters: a callable hyperparameter is a :data:`Schedule` evaluated at
+    ``state.time.elapsed``; any other value is read from ``state.algorithm_state[name]``, so
+    editing it there (functionally, with ``State.replace``) changes it. ``apply`` writes the
+    values it used back there. The algorithm ``factory`` builds keeps its own state under its
+    own name (it is listed in ``parts``); ``factory`` must be pure (same values, same
+    algorithm): the last build is reused while the values do not change.
+
+    Args:
+        factory: ``(**hparams) -> Algorithm``, e.g. an ``Algorithm`` subclass.
+        name: the name of the injected algorithm (default ``"hyperparams:" + its name``).
+
+    Returns:
+        ``(**hparams) -> Algorithm``.
+
+    Raises:
+        TypeError: if ``factory`` is not callable or does not return an ``Algorithm``.
+
+    Example:
+        >>> from sbfunc.engine import Event, Time, init_state, inject_hyperparams
+        >>> from sbfunc.testing import Toy
+        >>> alg = inject_hyperparams(Toy)(tag=lambda t: round(10 * t))
+        >>> state = init_state({}, {}, key=sbfunc.random.key(0), algorithms=[alg])
+        >>> state = alg.apply(Event.INIT, state.replace(time=Time(elapsed=0.3)))
+        >>> state.algorithm_state["hyperparams:Toy"], state.algorithm_state["log"]
+        ({'tag': 3}, (3,))
+
+    References:
+        optax ``inject_hyperparams``.
+    """
+    if not callable(factory):
+        raise TypeError(f"factory must be callable (**hparams -> Algorithm), got {factory!r}")
+
+    def build(**hparams: Any) -> Algorithm:
+        return _Injected(factory, hparams, name)
+
+    return build

@@ -1,0 +1,343 @@
+"""Ordering passes: plain functions ``(algorithms, event) -> list`` (public as ``sbfunc.passes``).
+
+The engine runs the passes in order on the algorithms that matched an event, then applies
+the result in order. A pass never mutates its input; it returns a new list.
+
+:data:`DEFAULT_PASSES` follows Composer (``sort_selective_backprop_first``,
+``sort_fused_layernorm_last``, ``set_filo_order``, ``warn_if_multiple_loss_interpolation``)
+plus one explicit rule, :func:`keep_selective_backprop_first`, placed right after the FILO
+reversal. In Composer the FILO reversal of the ``AFTER_*`` events undoes
+``sort_selective_backprop_first``: on ``AFTER_DATALOADER`` Selective Backprop runs *last*
+and scores a batch that CutOut/MixUp already augmented (Composer 0.32.1 turns
+``[CutOut, ProgressiveResizing, SelectiveBackprop]`` into
+``[ProgressiveResizing, CutOut, SelectiveBackprop]``). Sample selection must see the raw batch
+(its scores rank the data, not the augmentation noise), and everything after it should only
+touch the rows it keeps, so the rule puts the sample-selecting algorithms back in front.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from sbfunc.engine.algorithm import Algorithm
+from sbfunc.engine.events import Event
+
+__all__ = [
+    "DEFAULT_PASSES",
+    "MultipleLossInterpolationWarning",
+    "Pass",
+    "keep_selective_backprop_first",
+    "register_pass",
+    "set_filo_order",
+    "sort_fused_layernorm_last",
+    "sort_selective_backprop_first",
+    "sort_to_back",
+    "sort_to_front",
+    "warn_if_multiple_loss_interpolation",
+]
+
+T = TypeVar("T")
+Pass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
+"""An ordering pass: ``(matched algorithms, event) -> new list``."""
+
+Selector = type | tuple[type, ...] | Callable[[Any], Any]
+
+
+_FILO_EVENTS = frozenset(e for e in Event if e.value.startswith("after_"))
+
+
+class MultipleLossInterpolationWarning(UserWarning):
+    """Two or more algorithms that interpolate the loss matched the same event."""
+
+
+def _predicate(selector: Selector) -> Callable[[Any], Any]:
+    if isinstance(selector, type) or (
+        isinstance(selector, tuple) and all(isinstance(c, type) for c in selector)
+    ):
+        return lambda x: isinstance(x, selector)
+    if callable(selector):
+        return selector
+    raise TypeError(
+        f"predicate_or_cls must be a class, a tuple of classes or a callable, got {selector!r}"
+    )
+
+
+def _split(xs: Sequence[T], selector: Selector) -> tuple[list[T], list[T]]:
+    pred = _predicate(selector)
+    hit = [x for x in xs if pred(x)]
+    if not hit:
+        return hit, list(xs)
+    return hit, [x for x in xs if not pred(x)]
+
+
+def sort_to_front(xs: Sequence[T], predicate_or_cls: Selector) -> list[T]:
+    """Stably move the items that are instances of a class (or satisfy a predicate) to the front.
+
+    Args:
+        xs: the items (not modified).
+        predicate_or_cls: a class, a tuple of classes (``isinstance``) or ``item -> bool``.
+
+    Returns:
+        A new list: the selected items, then the others, each group in input order.
+
+    Raises:
+        TypeError: if ``predicate_or_cls`` is neither a class, a tuple of classes nor callable.
+
+    Example:
+        >>> sbfunc.passes.sort_to_front([1, "b", 3], str)
+        ['b', 1, 3]
+        >>> sbfunc.passes.sort_to_front([1, 2, 3, 4], lambda x: x % 2 == 0)
+        [2, 4, 1, 3]
+
+    References:
+        MosaicML Composer ``composer.core.passes.sort_to_front``.
+    """
+    hit, miss = _split(xs, predicate_or_cls)
+    return hit + miss
+
+
+def sort_to_back(xs: Sequence[T], predicate_or_cls: Selector) -> list[T]:
+    """Stably move the items that are instances of a class (or satisfy a predicate) to the back.
+
+    Args:
+        xs: the items (not modified).
+        predicate_or_cls: a class, a tuple of classes (``isinstance``) or ``item -> bool``.
+
+    Returns:
+        A new list: the other items, then the selected ones, each group in input order.
+
+    Raises:
+        TypeError: if ``predicate_or_cls`` is neither a class, a tuple of classes nor callable.
+
+    Example:
+        >>> sbfunc.passes.sort_to_back([1, "b", 3], str)
+        [1, 3, 'b']
+
+    References:
+        MosaicML Composer ``composer.core.passes.sort_to_back``.
+    """
+    hit, miss = _split(xs, predicate_or_cls)
+    return miss + hit
+
+
+def _flag_front(algorithms: Sequence[Algorithm], flag: str, front: bool) -> list[Algorithm]:
+    """Stable partition by a declared flag (the hot path of the default passes)."""
+    if len(algorithms) < 2:
+        return list(algorithms)
+    hit = [a for a in algorithms if getattr(a, flag)]
+    if not hit:
+        return list(algorithms)
+    miss = [a for a in algorithms if not getattr(a, flag)]
+    return hit + miss if front else miss + hit
+
+
+def sort_selective_backprop_first(
+    algorithms: Sequence[Algorithm], event: Event
+) -> list[Algorithm]:
+    """Put the sample-selecting algorithms (``selects_samples``) first, stably.
+
+    Args:
+        algorithms: the matched algorithms (not modified).
+        event: the event (unused: every event).
+
+    Returns:
+        A new, reordered list.
+
+    Example:
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="aug"), Toy(name="sb", selects_samples=True)]
+        >>> [a.name for a in sbfunc.passes.sort_selective_backprop_first(algs, Event.INIT)]
+        ['sb', 'aug']
+
+    References:
+        MosaicML Composer ``sort_selective_backprop_first``.
+    """
+    return _flag_front(algorithms, "selects_samples", True)
+
+
+def sort_fused_layernorm_last(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """Put the algorithms that fuse LayerNorms (``fuses_layernorm``) last, stably.
+
+    They must run after algorithms that add LayerNorms, so that all of them get fused.
+
+    Args:
+        algorithms: what matched the event; read, never changed.
+        event: not consulted (fusers go last on all events).
+
+    Returns:
+        The other algorithms, then the fusers, each group in its incoming order.
+
+    Example:
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="fuse", fuses_layernorm=True), Toy(name="glu")]
+        >>> [a.name for a in sbfunc.passes.sort_fused_layernorm_last(algs, Event.INIT)]
+        ['glu', 'fuse']
+
+    References:
+        MosaicML Composer ``sort_fused_layernorm_last``.
+    """
+    return _flag_front(algorithms, "fuses_layernorm", False)
+
+
+def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """Reverse the order on events whose value starts with ``after_`` (first in, last out).
+
+    An algorithm that changes something on ``BEFORE_X`` then undoes it on ``AFTER_X`` (label
+    smoothing) nests correctly with the others. Only the six ``AFTER_*`` events are reversed,
+    as in Composer; ``*_END`` and ``EVAL_AFTER_*`` events keep their order.
+
+    Args:
+        algorithms: the matched algorithms (not modified).
+        event: the event.
+
+    Returns:
+        A new list, reversed on ``AFTER_*`` events.
+
+    Example:
+        >>> from sbfunc.engine import Event
+        >>> sbfunc.passes.set_filo_order([1, 2, 3], Event.AFTER_LOSS)
+        [3, 2, 1]
+        >>> sbfunc.passes.set_filo_order([1, 2, 3], Event.BATCH_END)
+        [1, 2, 3]
+
+    References:
+        MosaicML Composer ``set_filo_order``.
+    """
+    if event in _FILO_EVENTS:
+        return algorithms[::-1] if type(algorithms) is list else list(reversed(algorithms))
+    return list(algorithms)
+
+
+def keep_selective_backprop_first(
+    algorithms: Sequence[Algorithm], event: Event
+) -> list[Algorithm]:
+    """After the FILO reversal, put the sample-selecting algorithms first again, stably.
+
+    This is the one rule sbfunc adds to Composer's passes (see the module docstring): on
+    ``AFTER_DATALOADER`` Selective Backprop must score the raw batch before any augmentation,
+    which the FILO reversal would otherwise undo. It applies on every event, so a selector
+    always sees the batch as the event delivers it and later algorithms see only kept rows.
+
+    Args:
+        algorithms: the list ``set_filo_order`` returned (left as it is).
+        event: ignored; the rule holds on all events.
+
+    Returns:
+        The selectors, then the others, each group in its incoming order.
+
+    Example:
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="cutout"), Toy(name="sb", selects_samples=True)]
+        >>> after_filo = sbfunc.passes.set_filo_order(
+        ...     sbfunc.passes.sort_selective_backprop_first(algs, Event.AFTER_DATALOADER),
+        ...     Event.AFTER_DATALOADER)
+        >>> [a.name for a in after_filo]
+        ['cutout', 'sb']
+        >>> [a.name for a in sbfunc.passes.keep_selective_backprop_first(
+        ...     after_filo, Event.AFTER_DATALOADER)]
+        ['sb', 'cutout']
+
+    References:
+        Jiang et al. 2019 (Selective Backprop); MosaicML Composer ``core.passes``.
+    """
+    return _flag_front(algorithms, "selects_samples", True)
+
+
+def warn_if_multiple_loss_interpolation(
+    algorithms: Sequence[Algorithm], event: Event
+) -> list[Algorithm]:
+    """Warn when two or more matched algorithms interpolate the loss; never reorder.
+
+    Args:
+        algorithms: the matched algorithms (not modified).
+        event: the event (named in the warning).
+
+    Returns:
+        ``list(algorithms)``, same order.
+
+    Warns:
+        MultipleLossInterpolationWarning: if at least two have ``interpolate_loss``.
+
+    Example:
+        >>> import warnings
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="mixup", interpolate_loss=True), Toy(name="cutmix",
+        ...                                                     interpolate_loss=True)]
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = sbfunc.passes.warn_if_multiple_loss_interpolation(algs, Event.BEFORE_LOSS)
+        >>> len(caught)
+        1
+
+    References:
+        MosaicML Composer ``warn_if_multiple_loss_interpolation``.
+    """
+    if len(algorithms) < 2:
+        return list(algorithms)
+    interpolating = [a for a in algorithms if a.interpolate_loss]
+    if len(interpolating) >= 2:
+        names = [a.name for a in interpolating]
+        warnings.warn(
+            f"{len(names)} algorithms interpolate the loss on {event.name} ({', '.join(names)}); "
+            "their combination may behave unexpectedly",
+            MultipleLossInterpolationWarning,
+            stacklevel=2,
+        )
+    return list(algorithms)
+
+
+DEFAULT_PASSES: tuple[Pass, ...] = (
+    sort_selective_backprop_first,
+    sort_fused_layernorm_last,
+    set_filo_order,
+    keep_selective_backprop_first,
+    warn_if_multiple_loss_interpolation,
+)
+"""The passes ``run_event`` uses by default, in order."""
+
+
+def register_pass(
+    passes: Sequence[Pass], new_pass: Pass, index: int | None = None
+) -> tuple[Pass, ...]:
+    """A new tuple of passes with ``new_pass`` inserted at ``index`` (appended if ``None``).
+
+    Args:
+        passes: the current passes (not modified), e.g. :data:`DEFAULT_PASSES`.
+        new_pass: ``(algorithms, event) -> list``.
+        index: the position, in ``[-len(passes), len(passes)]`` (``list.insert`` semantics).
+
+    Returns:
+        The new passes.
+
+    Raises:
+        TypeError: if ``new_pass`` is not callable or ``index`` is not an int.
+        ValueError: if ``index`` is out of range.
+
+    Example:
+        >>> def last_first(algorithms, event):
+        ...     return list(algorithms[-1:]) + list(algorithms[:-1])
+        >>> passes = sbfunc.passes.register_pass(sbfunc.passes.DEFAULT_PASSES, last_first, 0)
+        >>> passes[0] is last_first, len(passes) == len(sbfunc.passes.DEFAULT_PASSES) + 1
+        (True, True)
+
+    References:
+        MosaicML Composer ``Engine.register_pass``.
+    """
+    if not callable(new_pass):
+        raise TypeError(f"new_pass must be callable (algorithms, event) -> list, got {new_pass!r}")
+    out = list(passes)
+    if index is None:
+        out.append(new_pass)
+    else:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"index must be an int or None, got {index!r}")
+        if not -len(out) <= index <= len(out):
+            raise ValueError(f"index must be in [{-len(out)}, {len(out)}], got {index}")
+        out.insert(index, new_pass)
+    return tuple(out)

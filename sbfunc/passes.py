@@ -1,0 +1,23 @@
+"""Algorithm ordering passes (the public ``sbfunc.passes`` module).
+
+A pass is a plain function ``(algorithms, event) -> list`` that reorders (or filters) the
+algorithms that matched an event; ``sbfunc.engine.run_event`` runs a tuple of them, by default
+:data:`DEFAULT_PASSES`. See :mod:`sbfunc.engine.ordering` for why the defaults add
+:func:`keep_selective_backprop_first` after Composer's FILO reversal.
+
+Example:
+    Add your own pass at an index and check it with the ``sbfunc.testing`` strategies:
+
+    >>> from sbfunc.engine import Event
+    >>> from sbfunc.passes import DEFAULT_PASSES, register_pass, sort_to_back
+    >>> def loss_interpolation_last(algorithms, event):
+    ...     return sort_to_back(algorithms, lambda a: a.interpolate_loss)
+    >>> passes = register_pass(DEFAULT_PASSES, loss_interpolation_last, index=-1)
+    >>> len(passes)
+    6
+"""
+
+from sbfunc.engine import ordering as _ordering
+from sbfunc.engine.ordering import *  # noqa: F403  (this module is the public face of it)
+
+__all__ = list(_ordering.__all__)

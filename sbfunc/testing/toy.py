@@ -1,0 +1,86 @@
+"""``Toy``: a configurable do-nothing algorithm that logs its application order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sbfunc.engine.algorithm import Algorithm, ApplyResult
+from sbfunc.engine.events import Event
+from sbfunc.engine.state import State
+
+__all__ = ["LOG", "Toy"]
+
+LOG = "log"
+"""The ``algorithm_state`` entry where :class:`Toy` appends its ``tag`` when applied."""
+
+
+class Toy(Algorithm):
+    """A pure test algorithm: matches chosen events, appends ``tag`` to ``algorithm_state["log"]``.
+
+    Reading the log after ``run_event`` gives the order in which algorithms were applied.
+
+    Args:
+        tag: what ``apply`` appends to the log (e.g. the position in a list).
+        events: the events it matches (``None``: every event).
+        name: its name (default ``"Toy"``).
+        exit_code: the exit code ``apply`` reports (``None``: returns a bare state).
+        backwards_create_graph, find_unused_parameters, interpolate_loss, selects_samples,
+            fuses_layernorm: the declared flags, for this instance.
+
+    Raises:
+        TypeError: if an event is not an ``Event``.
+
+    Example:
+        >>> from sbfunc.engine import Event, init_state
+        >>> from sbfunc.testing import Toy
+        >>> toy = Toy(tag=7, events=[Event.BATCH_END])
+        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
+        >>> toy.match(Event.INIT, state), toy.apply(Event.BATCH_END, state).algorithm_state
+        (False, {'log': (7,)})
+
+    References:
+        Hypothesis, "stateful and property-based testing"; MosaicML Composer test algorithms.
+    """
+
+    def __init__(
+        self,
+        tag: Any = 0,
+        *,
+        events: Iterable[Event] | None = None,
+        name: str | None = None,
+        exit_code: int | None = None,
+        backwards_create_graph: bool = False,
+        find_unused_parameters: bool = False,
+        interpolate_loss: bool = False,
+        selects_samples: bool = False,
+        fuses_layernorm: bool = False,
+    ) -> None:
+        self.tag = tag
+        self.events = None if events is None else frozenset(events)
+        if self.events is not None and not all(isinstance(e, Event) for e in self.events):
+            raise TypeError(f"events must hold sbfunc Events, got {events!r}")
+        if name is not None:
+            self.name = name
+        self.exit_code = exit_code
+        self.backwards_create_graph = backwards_create_graph
+        self.find_unused_parameters = find_unused_parameters
+        self.interpolate_loss = interpolate_loss
+        self.selects_samples = selects_samples
+        self.fuses_layernorm = fuses_layernorm
+
+    def match(self, event: Event, state: State) -> bool:
+        return self.events is None or event in self.events
+
+    def apply(self, event: Event, state: State) -> ApplyResult:
+        log = state.algorithm_state.get(LOG, ())
+        state = state.replace(algorithm_state={**state.algorithm_state, LOG: (*log, self.tag)})
+        return state if self.exit_code is None else (state, self.exit_code)
+
+    def __repr__(self) -> str:
+        flags = [
+            f
+            for f in ("selects_samples", "fuses_layernorm", "interpolate_loss")
+            if getattr(self, f)
+        ]
+        return f"Toy(tag={self.tag!r}, name={self.name!r}{''.join(', ' + f for f in flags)})"
