@@ -6,7 +6,7 @@ algorithms that matched an event; ``sbfunc.engine.run_event`` runs a tuple of th
 :func:`keep_selective_backprop_first` after Composer's FILO reversal.
 
 Example:
-    Add your own pass at an index and check it with the ``sbfunc.testing`` strategies:
+    Add your own pass at an index (``sbfunc.testing`` shows how to property-test it):
 
     >>> from sbfunc.engine import Event
     >>> from sbfunc.passes import DEFAULT_PASSES, register_pass, sort_to_back

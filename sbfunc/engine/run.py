@@ -52,18 +52,15 @@ def _labelled(algorithms: Sequence[Algorithm], ordered: list[Algorithm]) -> list
     if len(set(names)) == len(names):
         return list(map(_name, ordered))
     labels = unique_names(names)
-    # Repeated names (maybe the same object twice): each object takes the label of its first
-    # position in ``algorithms`` not taken yet; an object a pass added keeps its name.
-    seq = list(algorithms)
-    taken: set[int] = set()
+    # Repeated names (maybe the same object twice): each object takes the labels of its
+    # positions in ``algorithms`` in turn; an object a pass added keeps its name.
+    positions: dict[int, list[str]] = {}
+    for alg, label in zip(algorithms, labels, strict=True):
+        positions.setdefault(id(alg), []).append(label)
     out = []
     for alg in ordered:
-        i = next((j for j, a in enumerate(seq) if a is alg and j not in taken), None)
-        if i is None:
-            out.append(alg.name)
-        else:
-            taken.add(i)
-            out.append(labels[i])
+        queue = positions.get(id(alg))
+        out.append(queue.pop(0) if queue else alg.name)
     return out
 
 

@@ -22,10 +22,14 @@ def events() -> st.SearchStrategy[Event]:
     """Any of the 40 events.
 
     Example:
+        >>> from hypothesis import given, settings
         >>> from sbfunc.engine import Event
         >>> from sbfunc.testing import events
-        >>> isinstance(events().example(), Event)  # doctest: +SKIP
-        True
+        >>> @settings(max_examples=10, derandomize=True, database=None)
+        ... @given(events())
+        ... def is_event(event):
+        ...     assert isinstance(event, Event)
+        >>> is_event()
 
     References:
         Hypothesis ``sampled_from``.

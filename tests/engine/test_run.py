@@ -100,3 +100,11 @@ def test_validation(state0):
 
     with pytest.raises(TypeError, match=r"Bad\.apply"):
         run_event(Event.INIT, state0, [Bad()])
+
+
+def test_selective_backprop_runs_first_on_after_dataloader(state0):
+    algs = [Toy(tag=0, name="CutOut"), Toy(tag=1, name="ProgressiveResizing")]
+    algs.append(Toy(tag=2, name="SelectiveBackprop", selects_samples=True))
+    new, traces = run_event(Event.AFTER_DATALOADER, state0, algs)
+    assert [t.name for t in traces] == ["SelectiveBackprop", "ProgressiveResizing", "CutOut"]
+    assert new.algorithm_state[LOG] == (2, 1, 0)
