@@ -1,0 +1,338 @@
+"""The policy type and the helpers every selection policy shares.
+
+A *policy* is an optax-style pair of pure functions (``init``, ``select``) over an explicit
+state. ``select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0)`` returns a
+:class:`~sbfunc.select.Selection` of the rows to backpropagate and the next state; the input
+state is never modified.
+
+**Weights.** When a policy returns ``Selection.weights``, they are normalised for the estimator
+the training step uses, the *mean over the kept rows* ``(1/k) * sum_{j in S} w_j * L_j``: its
+expectation over the policy's randomness equals the full-batch mean ``(1/N) * sum_i L_i`` for
+any per-sample losses ``L``. With inclusion probabilities ``pi_i`` and ``k`` kept rows this is
+the Horvitz-Thompson estimator with ``w_j = k / (N * pi_j)`` (:func:`horvitz_thompson`).
+Policies that return ``weights=None`` (rank-power, top-k, Jiang, Loshchilov, RHO-LOSS) are
+biased on purpose: they focus the step on the selected rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.select import Selection
+
+__all__ = [
+    "EmptyState",
+    "Policy",
+    "PolicyState",
+    "SelectArgs",
+    "SelectPolicy",
+    "bernoulli_selection",
+    "check_fraction",
+    "check_ids",
+    "check_positive_int",
+    "check_scores",
+    "horvitz_thompson",
+    "make_policy",
+    "stateless",
+]
+
+PolicyState = Any
+"""A policy state: a NamedTuple pytree of tensors and ints (checkpoints with
+:mod:`sbfunc.checkpoint`)."""
+
+
+class SelectPolicy(Protocol):
+    """The signature of ``Policy.select``."""
+
+    def __call__(
+        self,
+        scores: torch.Tensor,
+        state: PolicyState,
+        *,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None = None,
+        epoch: int = 0,
+        elapsed: float = 0.0,
+    ) -> tuple[Selection, PolicyState]: ...
+
+
+class Policy(NamedTuple):
+    """A selection policy: two pure functions over an explicit state.
+
+    Attributes:
+        init: ``() -> state``, the initial state.
+        select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0) -> (Selection,
+            state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to backpropagate),
+            ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id policies),
+            ``epoch`` the current epoch and ``elapsed`` the fraction of training done.
+
+    Example:
+        >>> from sbfunc.policies import top_k_policy
+        >>> policy = top_k_policy(0.5)
+        >>> sel, state = policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
+        ...                            key=sbfunc.random.key(0))
+        >>> sel.indices
+        tensor([1, 3])
+
+    References:
+        DeepMind optax, ``GradientTransformation(init, update)``.
+    """
+
+    init: Callable[[], PolicyState]
+    select: SelectPolicy
+
+
+class EmptyState(NamedTuple):
+    """The state of a stateless policy (an empty pytree).
+
+    Example:
+        >>> from sbfunc.policies import EmptyState
+        >>> EmptyState()
+        EmptyState()
+
+    References:
+        DeepMind optax, ``EmptyState``.
+    """
+
+
+def check_fraction(value: float, name: str, *, low: float = 0.0, closed_low: bool = True) -> float:
+    """Validate a float in ``[low, 1]`` (or ``(low, 1]``) and return it.
+
+    Args:
+        value: the argument.
+        name: its name, for the message.
+        low: the lower bound.
+        closed_low: whether ``low`` itself is allowed.
+
+    Raises:
+        TypeError: for a non-number (or a bool).
+        ValueError: outside the range.
+
+    Example:
+        >>> from sbfunc.policies import check_fraction
+        >>> check_fraction(0.5, "prune_ratio")
+        0.5
+
+    References:
+        sbfunc CONTRIBUTING (validate at construction).
+    """
+    interval = f"{'[' if closed_low else '('}{low}, 1]"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a float in {interval}, got {value!r}")
+    ok_low = value >= low if closed_low else value > low
+    if not (math.isfinite(value) and ok_low and value <= 1):
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return float(value)
+
+
+def check_positive_int(value: int, name: str, *, minimum: int = 1) -> int:
+    """Validate an int ``>= minimum`` and return it.
+
+    Raises:
+        TypeError: for a non-int (or a bool).
+        ValueError: below ``minimum``.
+
+    Example:
+        >>> from sbfunc.policies import check_positive_int
+        >>> check_positive_int(1024, "history")
+        1024
+
+    References:
+        sbfunc CONTRIBUTING (validate at construction).
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+def check_scores(scores: torch.Tensor) -> int:
+    """Validate per-sample scores (a non-empty 1-D floating tensor) and return ``N``.
+
+    Raises:
+        ValueError: for another shape or dtype.
+
+    Example:
+        >>> from sbfunc.policies import check_scores
+        >>> check_scores(torch.zeros(3))
+        3
+
+    References:
+        Jiang et al. 2019 (per-sample loss scores).
+    """
+    if (
+        not isinstance(scores, torch.Tensor)
+        or scores.dim() != 1
+        or scores.shape[0] < 1
+        or not scores.dtype.is_floating_point
+    ):
+        got = (
+            f"shape {tuple(scores.shape)}, dtype {scores.dtype}"
+            if isinstance(scores, torch.Tensor)
+            else type(scores).__name__
+        )
+        raise ValueError(f"scores must be a non-empty 1-D floating tensor [N], got {got}")
+    return scores.shape[0]
+
+
+def check_ids(ids: torch.Tensor | None, n: int, policy: str) -> torch.Tensor:
+    """Validate the sample ids a per-id policy needs: an integer ``Tensor[N]``.
+
+    Args:
+        ids: the ``ids`` argument of ``select``.
+        n: the batch size.
+        policy: the policy's name, for the message.
+
+    Raises:
+        ValueError: if ``ids`` is missing or has the wrong shape.
+        TypeError: if ``ids`` is not an integer tensor.
+
+    Example:
+        >>> from sbfunc.policies import check_ids
+        >>> check_ids(torch.tensor([4, 2]), 2, "rho_loss")
+        tensor([4, 2])
+
+    References:
+        Loshchilov & Hutter 2015 (per-sample loss tables indexed by id).
+    """
+    if ids is None:
+        raise ValueError(
+            f"{policy} needs sample ids: pass ids=<int64 Tensor[N]> (the dataset index of every "
+            "row) to select"
+        )
+    if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise TypeError(f"ids must be an integer Tensor[N], got {ids!r:.60}")
+    if ids.shape != (n,):
+        raise ValueError(f"ids must have shape ({n},) like the scores, got {tuple(ids.shape)}")
+    return ids
+
+
+def horvitz_thompson(inclusion: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """Weights ``k / (N * pi_j)`` for the kept rows, so the mean of ``w * L`` over the kept
+    rows is an unbiased estimate of the full-batch mean of ``L``.
+
+    Args:
+        inclusion: ``Tensor[N]`` of inclusion probabilities ``pi_i`` (> 0 for kept rows).
+        kept: ``int64 Tensor[k]`` of kept row indices.
+
+    Returns:
+        ``Tensor[k]`` of weights, aligned with ``kept``.
+
+    Example:
+        >>> from sbfunc.policies import horvitz_thompson
+        >>> horvitz_thompson(torch.tensor([1.0, 0.5, 0.5, 1.0]), torch.tensor([0, 2, 3]))
+        tensor([0.7500, 1.5000, 0.7500])
+
+    References:
+        Horvitz & Thompson 1952, "A Generalization of Sampling Without Replacement from a
+        Finite Universe".
+    """
+    n, k = inclusion.shape[0], kept.shape[0]
+    return (k / n) / inclusion.index_select(0, kept)
+
+
+def bernoulli_selection(
+    inclusion: torch.Tensor, key: sbrandom.Key, *, weighted: bool
+) -> Selection:
+    """Keep every row independently with probability ``inclusion[i]``; at least one row.
+
+    When no row is drawn, the row with the highest probability is kept (that event has
+    probability ``prod(1 - pi_i)`` and is the only deviation from the independent law).
+
+    Args:
+        inclusion: ``Tensor[N]`` of probabilities in ``[0, 1]``.
+        key: an :mod:`sbfunc.random` key.
+        weighted: attach :func:`horvitz_thompson` weights.
+
+    Returns:
+        A :class:`Selection` with sorted unique indices of variable size ``>= 1``.
+
+    Example:
+        >>> from sbfunc.policies import bernoulli_selection
+        >>> p = torch.tensor([0.0, 1.0, 0.0])
+        >>> bernoulli_selection(p, sbfunc.random.key(0), weighted=False).indices
+        tensor([1])
+
+    References:
+        Jiang et al. 2019 (independent keep probabilities); Qin et al. 2024 (random pruning).
+    """
+    u = sbrandom.uniform(key, inclusion.shape, device=inclusion.device, dtype=inclusion.dtype)
+    mask = u < inclusion
+    top = torch.zeros_like(mask).index_fill_(0, torch.argmax(inclusion).reshape(1), True)
+    mask = mask | (top & ~mask.any())
+    kept = mask.nonzero().reshape(-1)  # variable size: the one unavoidable shape read
+    return Selection(kept, horvitz_thompson(inclusion, kept) if weighted else None)
+
+
+class SelectArgs(NamedTuple):
+    """The keyword arguments of ``Policy.select``, handed to a rule by :func:`make_policy`.
+
+    Example:
+        >>> from sbfunc.policies import SelectArgs
+        >>> SelectArgs(sbfunc.random.key(0)).epoch
+        0
+
+    References:
+        DeepMind optax (keyword-only extra arguments).
+    """
+
+    key: sbrandom.Key
+    ids: torch.Tensor | None = None
+    epoch: int = 0
+    elapsed: float = 0.0
+
+
+def make_policy(
+    init: Callable[[], PolicyState],
+    rule: Callable[[torch.Tensor, Any, SelectArgs], tuple[Selection, Any]],
+) -> Policy:
+    """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
+    (Selection, state)``; ``select`` validates the scores and packs its keyword arguments.
+
+    Example:
+        >>> from sbfunc.policies import EmptyState, make_policy
+        >>> policy = make_policy(EmptyState, lambda s, state, a: (sbfunc.top_k(s, 0.5), state))
+        >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
+        (Selection(indices=tensor([1]), weights=None), EmptyState())
+
+    References:
+        DeepMind optax, ``GradientTransformation``.
+    """
+
+    def select(
+        scores: torch.Tensor,
+        state: PolicyState,
+        *,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None = None,
+        epoch: int = 0,
+        elapsed: float = 0.0,
+    ) -> tuple[Selection, PolicyState]:
+        check_scores(scores)
+        return rule(scores, state, SelectArgs(key, ids, epoch, elapsed))
+
+    return Policy(init, select)
+
+
+def stateless(
+    rule: Callable[[torch.Tensor, sbrandom.Key, torch.Tensor | None], Selection],
+) -> Policy:
+    """Lift a rule ``(scores, key, ids) -> Selection`` into a :class:`Policy` with
+    :class:`EmptyState`.
+
+    Example:
+        >>> from sbfunc.policies import stateless
+        >>> policy = stateless(lambda s, key, ids: sbfunc.top_k(s, 0.5))
+        >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
+        (Selection(indices=tensor([1]), weights=None), EmptyState())
+
+    References:
+        DeepMind optax, ``stateless``.
+    """
+    return make_policy(EmptyState, lambda scores, state, a: (rule(scores, a.key, a.ids), state))

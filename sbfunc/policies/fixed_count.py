@@ -1,0 +1,135 @@
+"""Stateless fixed-count policies: rank-power, top-k, random subset, RHO-LOSS."""
+
+from __future__ import annotations
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.policies.base import Policy, check_ids, stateless
+from sbfunc.select import Selection, check_keep, random_subset, rank_power, top_k
+
+__all__ = ["random_policy", "rank_power_policy", "rho_loss", "top_k_policy"]
+
+
+def rank_power_policy(keep: float) -> Policy:
+    """Composer's Selective Backprop law as a policy (see :func:`sbfunc.rank_power`).
+
+    Keeps exactly ``max(1, floor(keep*N))`` rows; ``weights=None`` (biased towards high loss
+    on purpose).
+
+    Args:
+        keep: fraction kept, in (0, 1].
+
+    Raises:
+        ValueError, TypeError: for ``keep`` outside (0, 1].
+
+    Example:
+        >>> from sbfunc.policies import rank_power_policy
+        >>> policy = rank_power_policy(0.5)
+        >>> sel, _ = policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
+        ...                        key=sbfunc.random.key(1))
+        >>> sel.indices
+        tensor([1, 3])
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        MosaicML Composer, ``select_using_loss``.
+    """
+    keep = check_keep(keep)
+    return stateless(lambda scores, key, ids: rank_power(scores, keep, key=key))
+
+
+def top_k_policy(keep: float) -> Policy:
+    """The ``max(1, floor(keep*N))`` highest scores, ties broken at random by ``key``.
+
+    Args:
+        keep: fraction kept, in (0, 1].
+
+    Raises:
+        ValueError, TypeError: for ``keep`` outside (0, 1].
+
+    Example:
+        >>> from sbfunc.policies import top_k_policy
+        >>> policy = top_k_policy(0.25)
+        >>> policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
+        ...               key=sbfunc.random.key(0))[0].indices
+        tensor([3])
+
+    References:
+        Mindermann et al. 2022 (top-k by a per-sample score).
+    """
+    keep = check_keep(keep)
+    return stateless(lambda scores, key, ids: top_k(scores, keep, key=key))
+
+
+def random_policy(keep: float) -> Policy:
+    """A uniformly random subset of ``max(1, floor(keep*N))`` rows: the control.
+
+    The plain mean over the kept rows is an unbiased estimate of the full-batch mean, so
+    ``weights=None``.
+
+    Args:
+        keep: fraction kept, in (0, 1].
+
+    Raises:
+        ValueError, TypeError: for ``keep`` outside (0, 1].
+
+    Example:
+        >>> from sbfunc.policies import random_policy
+        >>> policy = random_policy(0.5)
+        >>> policy.select(torch.zeros(6), policy.init(), key=sbfunc.random.key(0))[0].indices.shape
+        torch.Size([3])
+
+    References:
+        Jiang et al. 2019 (the random-subset baseline).
+    """
+    keep = check_keep(keep)
+    return stateless(lambda scores, key, ids: random_subset(scores, keep, key=key))
+
+
+def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
+    """RHO-LOSS: top-k by *reducible* loss, ``scores - irreducible[ids]``.
+
+    ``irreducible[i]`` is the loss of sample id ``i`` under a model trained on holdout data
+    (precomputed once). Mislabelled samples have a high irreducible loss too, so unlike
+    loss-based selection RHO-LOSS does not chase them. Needs ``ids``. ``weights=None``.
+
+    Args:
+        keep: fraction kept, in (0, 1].
+        irreducible: ``Tensor[M]`` of irreducible losses indexed by sample id (kept on its
+            device; the looked-up values move to the scores' device).
+
+    Raises:
+        ValueError, TypeError: for ``keep`` outside (0, 1] or ``irreducible`` not a 1-D
+            floating tensor; at ``select``, ``ValueError`` without ``ids``.
+
+    Example:
+        >>> from sbfunc.policies import rho_loss
+        >>> policy = rho_loss(0.5, irreducible=torch.tensor([0.0, 4.5, 0.0, 0.0]))
+        >>> sel, _ = policy.select(torch.tensor([1.0, 5.0, 2.0, 0.5]), policy.init(),
+        ...                        key=sbfunc.random.key(0), ids=torch.arange(4))
+        >>> sel.indices
+        tensor([0, 2])
+
+    References:
+        Mindermann et al. 2022, "Prioritized Training on Points that are Learnable, Worth
+        Learning, and Not Yet Learnt".
+    """
+    keep = check_keep(keep)
+    if (
+        not isinstance(irreducible, torch.Tensor)
+        or irreducible.dim() != 1
+        or not irreducible.dtype.is_floating_point
+    ):
+        raise TypeError(
+            "irreducible must be a 1-D floating Tensor[M] indexed by sample id, got "
+            f"{irreducible!r:.60}"
+        )
+    table = irreducible.detach().clone()
+
+    def rule(scores: torch.Tensor, key: sbrandom.Key, ids: torch.Tensor | None) -> Selection:
+        ids = check_ids(ids, scores.shape[0], "rho_loss").to(table.device)
+        reducible = scores - table.index_select(0, ids).to(scores)
+        return top_k(reducible, keep, key=key)
+
+    return stateless(rule)
