@@ -17,11 +17,12 @@ touch the rows it keeps, so the rule puts the sample-selecting algorithms back i
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from sbfunc.engine.algorithm import Algorithm
+from sbfunc.engine.algorithm import FLAGS, Algorithm
 from sbfunc.engine.events import Event
 
 __all__ = [
@@ -45,6 +46,7 @@ Pass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
 Selector = type | tuple[type, ...] | Callable[[Any], Any]
 
 
+_FLAG_GETTERS = {flag: operator.attrgetter(flag) for flag in FLAGS}
 _FILO_EVENTS = frozenset(e for e in Event if e.value.startswith("after_"))
 
 
@@ -124,12 +126,11 @@ def sort_to_back(xs: Sequence[T], predicate_or_cls: Selector) -> list[T]:
 
 def _flag_front(algorithms: Sequence[Algorithm], flag: str, front: bool) -> list[Algorithm]:
     """Stable partition by a declared flag (the hot path of the default passes)."""
-    if len(algorithms) < 2:
+    get = _FLAG_GETTERS[flag]
+    if len(algorithms) < 2 or not any(map(get, algorithms)):
         return list(algorithms)
-    hit = [a for a in algorithms if getattr(a, flag)]
-    if not hit:
-        return list(algorithms)
-    miss = [a for a in algorithms if not getattr(a, flag)]
+    hit = [a for a in algorithms if get(a)]
+    miss = [a for a in algorithms if not get(a)]
     return hit + miss if front else miss + hit
 
 
@@ -278,17 +279,15 @@ def warn_if_multiple_loss_interpolation(
     References:
         MosaicML Composer ``warn_if_multiple_loss_interpolation``.
     """
-    if len(algorithms) < 2:
+    if len(algorithms) < 2 or sum(map(_FLAG_GETTERS["interpolate_loss"], algorithms)) < 2:
         return list(algorithms)
-    interpolating = [a for a in algorithms if a.interpolate_loss]
-    if len(interpolating) >= 2:
-        names = [a.name for a in interpolating]
-        warnings.warn(
-            f"{len(names)} algorithms interpolate the loss on {event.name} ({', '.join(names)}); "
-            "their combination may behave unexpectedly",
-            MultipleLossInterpolationWarning,
-            stacklevel=2,
-        )
+    names = [a.name for a in algorithms if a.interpolate_loss]
+    warnings.warn(
+        f"{len(names)} algorithms interpolate the loss on {event.name} ({', '.join(names)}); "
+        "their combination may behave unexpectedly",
+        MultipleLossInterpolationWarning,
+        stacklevel=2,
+    )
     return list(algorithms)
 
 
