@@ -1,0 +1,78 @@
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sbfunc import random as sbrandom
+from sbfunc.policies import (
+    EmptyState,
+    bernoulli_selection,
+    check_fraction,
+    check_positive_int,
+    horvitz_thompson,
+    make_policy,
+)
+from tests.policies.helpers import assert_mean_close, kept_counts, weighted_means
+
+probs = st.lists(st.floats(0.05, 1.0), min_size=1, max_size=12)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(p=probs, seed=st.integers(0, 999))
+def test_bernoulli_selection_keeps_sum_p_in_expectation_and_is_unbiased(p, seed):
+    inclusion = torch.tensor([*p, 1.0])  # one certain row: the fallback never fires
+    losses = sbrandom.uniform(sbrandom.key(seed), inclusion.shape) * 4
+    keys = sbrandom.split(sbrandom.key(seed), 600)
+    sels = [bernoulli_selection(inclusion, k, weighted=True) for k in keys]
+    assert_mean_close(kept_counts(sels), float(inclusion.double().sum()))
+    assert_mean_close(weighted_means(sels, losses), float(losses.double().mean()))
+
+
+def test_bernoulli_selection_keeps_at_least_one_row():
+    inclusion = torch.tensor([0.0, 1e-9, 0.2, 0.0])
+    for k in sbrandom.split(sbrandom.key(0), 50):
+        sel = bernoulli_selection(inclusion, k, weighted=False)
+        assert sel.indices.shape[0] >= 1 and sel.weights is None
+        if sel.indices.shape[0] == 1:
+            assert sel.indices.tolist() in ([2],)
+
+
+def test_horvitz_thompson_is_exactly_unbiased_for_a_fixed_design():
+    # Two equally likely samples {0, 1} and {2}: pi = (1/2, 1/2, 1/2).
+    losses = torch.tensor([1.0, 3.0, 8.0])
+    pi = torch.full((3,), 0.5)
+    est = []
+    for kept in (torch.tensor([0, 1]), torch.tensor([2])):
+        est.append(float((horvitz_thompson(pi, kept) * losses[kept]).mean()))
+    assert math.isclose(sum(est) / 2, float(losses.mean()), rel_tol=1e-6)
+
+
+def test_make_policy_packs_keyword_arguments():
+    seen = {}
+
+    def rule(scores, state, a):
+        seen.update(a._asdict())
+        return bernoulli_selection(torch.ones_like(scores), a.key, weighted=False), state
+
+    policy = make_policy(EmptyState, rule)
+    sel, state = policy.select(
+        torch.zeros(3), policy.init(), key=sbrandom.key(0), ids=None, epoch=2, elapsed=0.5
+    )
+    assert sel.indices.tolist() == [0, 1, 2] and state == EmptyState()
+    assert seen["epoch"] == 2 and seen["elapsed"] == 0.5
+    with pytest.raises(TypeError):
+        policy.select(torch.zeros(3), policy.init(), sbrandom.key(0))  # key is keyword-only
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan"), True, "0.5"])
+def test_check_fraction_names_the_argument(bad):
+    with pytest.raises((ValueError, TypeError), match="delta"):
+        check_fraction(bad, "delta")
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.0, False])
+def test_check_positive_int_names_the_argument(bad):
+    with pytest.raises((ValueError, TypeError), match="history"):
+        check_positive_int(bad, "history")

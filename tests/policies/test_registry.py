@@ -1,0 +1,159 @@
+"""Every policy through the same invariants: a valid Selection, purity, determinism per key,
+checkpoint round trips, and clear errors without ids."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sbfunc import checkpoint
+from sbfunc import random as sbrandom
+from sbfunc.policies import (
+    Policy,
+    grad_norm_importance,
+    infobatch,
+    jiang_cdf,
+    loshchilov,
+    random_policy,
+    rank_power_policy,
+    rho_loss,
+    stale_sb,
+    top_k_policy,
+)
+
+NUM_IDS = 64
+
+POLICIES = {
+    "rank_power": lambda: rank_power_policy(0.5),
+    "top_k": lambda: top_k_policy(0.3),
+    "random": lambda: random_policy(0.5),
+    "jiang": lambda: jiang_cdf(2.0, history=16, sampling_min=0.05),
+    "jiang_reweight": lambda: jiang_cdf(1.0, history=16, reweight=True),
+    "stale_sb": lambda: stale_sb(1.0, num_ids=NUM_IDS, max_age=2, history=16),
+    "loshchilov": lambda: loshchilov(10.0, 0.5, num_ids=NUM_IDS),
+    "grad_norm": lambda: grad_norm_importance(0.5, smoothing=0.0),
+    "grad_norm_always": lambda: grad_norm_importance(0.5, switch=False),
+    "rho_loss": lambda: rho_loss(0.5, torch.linspace(0, 1, NUM_IDS)),
+    "infobatch": lambda: infobatch(0.5, 0.9, num_ids=NUM_IDS),
+}
+NEEDS_IDS = {"stale_sb", "loshchilov", "rho_loss", "infobatch"}
+
+batches = st.integers(1, 24).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.floats(0, 10, allow_nan=False, width=32), min_size=n, max_size=n),
+        st.permutations(range(NUM_IDS)).map(lambda p: p[:n]),
+    )
+)
+
+
+def run(policy: Policy, steps, seed: int):
+    """Apply the policy over a few batches; returns the selections and the states."""
+    state, out = policy.init(), []
+    for t, (losses, ids) in enumerate(steps):
+        scores, id_t = torch.tensor(losses), torch.tensor(ids)
+        before = (scores.clone(), id_t.clone())
+        sel, state = policy.select(
+            scores,
+            state,
+            key=sbrandom.fold_in(sbrandom.key(seed), t),
+            ids=id_t,
+            epoch=t // 2,
+            elapsed=t / len(steps),
+        )
+        assert torch.equal(scores, before[0]) and torch.equal(id_t, before[1])  # no mutation
+        out.append((sel, state))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(steps=st.lists(batches, min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_selection_is_valid_and_deterministic_per_key(name, steps, seed):
+    policy = POLICIES[name]()
+    first, second = run(policy, steps, seed), run(policy, steps, seed)
+    for (losses, _), (sel, _state), (sel2, _) in zip(steps, first, second, strict=True):
+        n = len(losses)
+        idx = sel.indices
+        assert idx.dtype == torch.int64 and 1 <= idx.shape[0] <= n
+        assert bool((idx[1:] > idx[:-1]).all()) and int(idx.min()) >= 0 and int(idx.max()) < n
+        if sel.weights is not None:
+            assert sel.weights.shape == idx.shape
+            assert bool((sel.weights > 0).all() and torch.isfinite(sel.weights).all())
+        assert torch.equal(idx, sel2.indices)
+        assert (sel.weights is None) == (sel2.weights is None)
+        if sel.weights is not None:
+            assert torch.equal(sel.weights, sel2.weights)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_state_round_trips_through_a_weights_only_checkpoint(name):
+    policy = POLICIES[name]()
+    steps = [([float(i % 5) for i in range(12)], list(range(12, 24)))] * 3
+    _, state = run(policy, steps, seed=3)[-1]
+    buf = io.BytesIO()
+    torch.save(checkpoint.to_state_dict(state), buf)
+    buf.seek(0)
+    loaded = checkpoint.from_state_dict(torch.load(buf, weights_only=True), policy.init())
+    assert type(loaded) is type(state)
+    for a, b in zip(
+        checkpoint.to_state_dict(state)["leaves"],
+        checkpoint.to_state_dict(loaded)["leaves"],
+        strict=True,
+    ):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    # the restored state selects exactly like the original
+    scores, ids, key = torch.rand(12), torch.arange(12), sbrandom.key(9)
+    s1, _ = policy.select(scores, state, key=key, ids=ids, epoch=5)
+    s2, _ = policy.select(scores, loaded, key=key, ids=ids, epoch=5)
+    assert torch.equal(s1.indices, s2.indices)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDS_IDS))
+def test_id_policies_refuse_a_call_without_ids(name):
+    policy = POLICIES[name]()
+    with pytest.raises(ValueError, match="needs sample ids"):
+        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0))
+    with pytest.raises(ValueError, match="shape"):
+        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0), ids=torch.arange(3))
+    with pytest.raises(TypeError, match="integer"):
+        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0), ids=torch.rand(4))
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("scores", [torch.zeros(0), torch.zeros(2, 2), torch.arange(3)])
+def test_bad_scores_are_refused(name, scores):
+    policy = POLICIES[name]()
+    with pytest.raises(ValueError, match="scores"):
+        policy.select(scores, policy.init(), key=sbrandom.key(0), ids=torch.arange(3))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: rank_power_policy(0.0),
+        lambda: top_k_policy(1.5),
+        lambda: random_policy(True),
+        lambda: jiang_cdf(0.0),
+        lambda: jiang_cdf(1.0, history=0),
+        lambda: jiang_cdf(1.0, sampling_min=1.5),
+        lambda: stale_sb(1.0, num_ids=0),
+        lambda: stale_sb(1.0, num_ids=4, max_age=0),
+        lambda: loshchilov(0.5, 0.5, num_ids=4),
+        lambda: loshchilov(10.0, 0.0, num_ids=4),
+        lambda: grad_norm_importance(0.5, smoothing=1.0),
+        lambda: rho_loss(0.5, torch.zeros(2, 2)),
+        lambda: rho_loss(0.5, torch.arange(3)),
+        lambda: infobatch(1.0, num_ids=4),
+        lambda: infobatch(0.5, 1.5, num_ids=4),
+        lambda: infobatch(0.5, num_ids=-1),
+    ],
+)
+def test_bad_arguments_fail_at_construction(make):
+    with pytest.raises((ValueError, TypeError)) as info:
+        make()
+    words = "keep beta history sampling_min num_ids max_age s_e smoothing irreducible"
+    assert any(word in str(info.value) for word in (*words.split(), "prune_ratio", "delta"))
