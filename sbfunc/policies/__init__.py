@@ -2,6 +2,7 @@
 :mod:`sbfunc.policies.base` for the conventions, the weights included), and the refill queue.
 """
 
+from sbfunc.policies.apply import Pruned, apply_policy, stale_scores
 from sbfunc.policies.base import (
     EmptyState,
     Policy,
@@ -48,10 +49,12 @@ __all__ = [
     "LossTable",
     "Policy",
     "PolicyState",
+    "Pruned",
     "Queue",
     "SelectArgs",
     "SelectPolicy",
     "StaleState",
+    "apply_policy",
     "bernoulli_selection",
     "check_fraction",
     "check_ids",
@@ -76,6 +79,7 @@ __all__ = [
     "rank_power_policy",
     "rho_loss",
     "stale_sb",
+    "stale_scores",
     "stateless",
     "table_init",
     "table_lookup",

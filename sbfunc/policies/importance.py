@@ -188,7 +188,7 @@ def grad_norm_importance(
         p = _sampling_probs(scores)
         gen = sbrandom.generator(draw_key, scores.device)
         draws = torch.multinomial(p, k, replacement=True, generator=gen)
-        counts = torch.bincount(draws, minlength=n).to(p)
+        counts = torch.zeros_like(p).scatter_add(0, draws, torch.ones_like(draws, dtype=p.dtype))
         factor = 1.0 / (n * p)
         tau = state.tau.to(p)
         if switch:

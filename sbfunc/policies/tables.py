@@ -80,8 +80,8 @@ def history_push(history: LossHistory, losses: torch.Tensor) -> LossHistory:
     """
     size, n = history.values.shape[0], losses.shape[0]
     last = losses[max(0, n - size) :].to(history.values)  # only the last R can survive
-    slots = (history.pushed + (n - last.shape[0]) + torch.arange(last.shape[0])) % size
-    values = history.values.index_put((slots.to(history.values.device),), last)
+    offsets = torch.arange(n - last.shape[0], n, device=history.values.device)
+    values = history.values.index_put(((history.pushed + offsets) % size,), last)
     return LossHistory(values, history.pushed + n)
 
 

@@ -1,0 +1,124 @@
+"""Run a policy on a pytree batch: ids from a batch field, pruning, and Stale-SB scoring."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.batch import Field, batch_size, extract, take
+from sbfunc.policies.base import Policy, PolicyState
+from sbfunc.policies.jiang import StaleState, needs_scoring
+
+__all__ = ["Pruned", "apply_policy", "stale_scores"]
+
+
+class Pruned(NamedTuple):
+    """The outcome of :func:`apply_policy`.
+
+    Attributes:
+        batch: the kept rows (every per-sample leaf pruned, structure kept).
+        weights: their loss weights (``None`` for an unweighted mean).
+        indices: the kept row indices into the input batch.
+        state: the policy's next state.
+    """
+
+    batch: Any
+    weights: torch.Tensor | None
+    indices: torch.Tensor
+    state: PolicyState
+
+
+def apply_policy(
+    policy: Policy,
+    state: PolicyState,
+    batch: Any,
+    scores: torch.Tensor,
+    *,
+    key: sbrandom.Key,
+    ids: Field | None = None,
+    epoch: int = 0,
+    elapsed: float = 0.0,
+) -> Pruned:
+    """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them.
+
+    Args:
+        policy: a :class:`~sbfunc.policies.Policy`.
+        state: its state.
+        batch: any pytree batch of ``N`` rows.
+        scores: ``Tensor[N]`` scores of the rows.
+        key: an :mod:`sbfunc.random` key.
+        ids: where the sample ids sit in the batch (an int, a str or a callable, see
+            :func:`sbfunc.extract`); ``None`` for policies without ids.
+        epoch: the current epoch.
+        elapsed: the fraction of training done.
+
+    Returns:
+        A :class:`Pruned`.
+
+    Raises:
+        ValueError: if ``scores`` does not have one entry per row, or as the policy raises.
+
+    Example:
+        >>> from sbfunc.policies import apply_policy, rho_loss
+        >>> policy = rho_loss(0.5, irreducible=torch.tensor([0.0, 9.0, 0.0]))
+        >>> batch = {"x": torch.tensor([[1.0], [2.0], [3.0]]), "id": torch.tensor([0, 1, 2])}
+        >>> out = apply_policy(policy, policy.init(), batch, torch.tensor([1.0, 9.5, 0.5]),
+        ...                    key=sbfunc.random.key(0), ids="id")
+        >>> out.batch["id"], out.weights
+        (tensor([0]), None)
+
+    References:
+        Jiang et al. 2019 (score, select, prune); Mindermann et al. 2022.
+    """
+    n = batch_size(batch)
+    if scores.shape != (n,):
+        raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
+    id_tensor = None if ids is None else extract(batch, ids, "ids")
+    sel, state = policy.select(scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed)
+    return Pruned(take(batch, sel.indices), sel.weights, sel.indices, state)
+
+
+def stale_scores(
+    state: StaleState,
+    batch: Any,
+    ids: torch.Tensor,
+    epoch: int,
+    score_fn: Callable[[Any], torch.Tensor],
+) -> tuple[torch.Tensor, int]:
+    """Scores for :func:`~sbfunc.policies.stale_sb`, running ``score_fn`` only on the rows
+    whose cached loss is missing or too old (:func:`~sbfunc.policies.needs_scoring`).
+
+    Args:
+        state: the Stale-SB state.
+        batch: the pytree batch.
+        ids: its ``int64 Tensor[N]`` sample ids.
+        epoch: the current epoch.
+        score_fn: ``batch -> Tensor[n]`` per-sample scores (e.g. a partial of
+            :func:`sbfunc.score_losses`).
+
+    Returns:
+        ``(scores, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows and NaN
+        elsewhere (``select`` reads those rows from its cache), and the number of rows scored
+        (``score_fn`` is not called when it is 0).
+
+    Example:
+        >>> from sbfunc.policies import stale_sb, stale_scores
+        >>> policy = stale_sb(1.0, num_ids=4)
+        >>> batch, ids = torch.tensor([1.0, 2.0]), torch.tensor([0, 3])
+        >>> scores, forwarded = stale_scores(policy.init(), batch, ids, 0, lambda b: b * 10)
+        >>> scores, forwarded
+        (tensor([10., 20.]), 2)
+
+    References:
+        Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
+    """
+    n = batch_size(batch)
+    rows = needs_scoring(state, ids, epoch).nonzero().reshape(-1)  # variable size
+    if rows.shape[0] == 0:  # every row is cached: no forward at all
+        return torch.full((n,), torch.nan, device=state.table.loss.device), 0
+    fresh = score_fn(take(batch, rows))
+    scores = torch.full((n,), torch.nan, dtype=fresh.dtype, device=fresh.device)
+    return scores.index_put((rows.to(fresh.device),), fresh), rows.shape[0]

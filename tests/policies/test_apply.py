@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.policies import apply_policy, infobatch, needs_scoring, stale_sb, stale_scores
+
+
+def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():
+    policy = infobatch(0.5, num_ids=10)
+    batch = (torch.arange(8.0)[:, None], torch.arange(8) % 3, torch.arange(2, 10))
+    first = apply_policy(policy, policy.init(), batch, torch.rand(8), key=sbrandom.key(0), ids=2)
+    assert torch.equal(first.batch[2], batch[2]) and torch.equal(first.weights, torch.ones(8))
+    out = apply_policy(
+        policy, first.state, batch, torch.rand(8), key=sbrandom.key(1), ids=2, epoch=1
+    )
+    assert torch.equal(out.batch[0][:, 0].long(), out.indices)
+    assert torch.equal(out.batch[2], batch[2][out.indices]) and out.weights is not None
+    with pytest.raises(ValueError, match="scores must have shape"):
+        apply_policy(policy, out.state, batch, torch.rand(7), key=sbrandom.key(0), ids=2)
+    with pytest.raises(ValueError, match="needs sample ids"):
+        apply_policy(policy, out.state, batch, torch.rand(8), key=sbrandom.key(0))
+
+
+def test_stale_scores_forwards_only_rows_that_need_it():
+    policy = stale_sb(1.0, num_ids=6, max_age=2)
+    batch, ids = torch.arange(4.0), torch.tensor([0, 1, 2, 3])
+    calls = []
+
+    def score_fn(rows):
+        calls.append(rows.shape[0])
+        return rows * 10
+
+    state = policy.init()
+    scores, forwarded = stale_scores(state, batch, ids, 0, score_fn)
+    assert forwarded == 4 and scores.tolist() == [0.0, 10.0, 20.0, 30.0]
+    _, state = policy.select(scores, state, key=sbrandom.key(0), ids=ids, epoch=0)
+    ids2 = torch.tensor([1, 4, 3, 5])
+    scores, forwarded = stale_scores(state, batch, ids2, 1, score_fn)
+    assert forwarded == 2 and calls == [4, 2]
+    assert torch.isnan(scores[[0, 2]]).all() and scores[[1, 3]].tolist() == [10.0, 30.0]
+    assert needs_scoring(state, ids2, 1).tolist() == [False, True, False, True]
+    scores, forwarded = stale_scores(state, batch[:2], ids[:2], 1, score_fn)
+    assert forwarded == 0 and calls == [4, 2] and torch.isnan(scores).all()
