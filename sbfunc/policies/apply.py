@@ -23,6 +23,17 @@ class Pruned(NamedTuple):
         weights: their loss weights (``None`` for an unweighted mean).
         indices: the kept row indices into the input batch.
         state: the policy's next state.
+
+    Example:
+        >>> from sbfunc.policies import apply_policy, top_k_policy
+        >>> policy = top_k_policy(0.5)
+        >>> out = apply_policy(policy, policy.init(), (torch.arange(4),),
+        ...                    torch.tensor([0.0, 3.0, 1.0, 2.0]), key=sbfunc.random.key(0))
+        >>> out.batch, out.indices
+        ((tensor([1, 3]),), tensor([1, 3]))
+
+    References:
+        Jiang et al. 2019 (score, select, prune).
     """
 
     batch: Any

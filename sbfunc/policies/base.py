@@ -47,7 +47,15 @@ PolicyState = Any
 
 
 class SelectPolicy(Protocol):
-    """The signature of ``Policy.select``."""
+    """The signature of ``Policy.select`` (see :class:`Policy`), for type checkers.
+
+    Example:
+        >>> from sbfunc.policies import SelectPolicy, top_k_policy
+        >>> select: SelectPolicy = top_k_policy(0.5).select
+
+    References:
+        DeepMind optax, ``TransformUpdateFn``.
+    """
 
     def __call__(
         self,

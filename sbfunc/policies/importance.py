@@ -25,6 +25,14 @@ class ImportanceState(NamedTuple):
 
     Attributes:
         tau: 0-d float tensor, the running estimate of the variance reduction.
+
+    Example:
+        >>> from sbfunc.policies import grad_norm_importance
+        >>> grad_norm_importance(0.5).init()
+        ImportanceState(tau=tensor(0.))
+
+    References:
+        Katharopoulos & Fleuret 2018, Algorithm 1.
     """
 
     tau: torch.Tensor

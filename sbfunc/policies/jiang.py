@@ -40,6 +40,14 @@ class StaleState(NamedTuple):
         history: the ring buffer of recent losses.
         table: the cached loss of every id and the epoch it was computed in.
         max_age: a cached loss at least this many epochs old is refreshed.
+
+    Example:
+        >>> from sbfunc.policies import stale_sb
+        >>> stale_sb(1.0, num_ids=3, history=2, max_age=3).init().max_age
+        3
+
+    References:
+        Jiang et al. 2019 (Stale-SB).
     """
 
     history: LossHistory

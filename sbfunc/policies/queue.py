@@ -24,6 +24,14 @@ class Queue(NamedTuple):
 
     Attributes:
         rows: a pytree batch holding the queued rows (possibly zero of them).
+
+    Example:
+        >>> from sbfunc.policies import Queue, empty_queue
+        >>> isinstance(empty_queue((torch.zeros(2),)), Queue)
+        True
+
+    References:
+        Jiang et al. 2019 (the selected-samples queue).
     """
 
     rows: Any

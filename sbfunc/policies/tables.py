@@ -29,6 +29,14 @@ class LossHistory(NamedTuple):
     Attributes:
         values: ``Tensor[R]`` of losses; slot ``i`` is valid once ``pushed > i``.
         pushed: 0-d ``int64`` tensor, the number of losses ever pushed.
+
+    Example:
+        >>> from sbfunc.policies import history_init
+        >>> history_init(1024).values.shape
+        torch.Size([1024])
+
+    References:
+        Jiang et al. 2019 (the loss history of size R).
     """
 
     values: torch.Tensor
@@ -41,6 +49,14 @@ class LossTable(NamedTuple):
     Attributes:
         loss: ``Tensor[M]`` of losses (0 where never seen).
         epoch: ``int64 Tensor[M]``, the epoch of each loss, ``-1`` where never seen.
+
+    Example:
+        >>> from sbfunc.policies import table_init
+        >>> table_init(5).epoch
+        tensor([-1, -1, -1, -1, -1])
+
+    References:
+        Loshchilov & Hutter 2015 (the latest known loss of every sample).
     """
 
     loss: torch.Tensor
