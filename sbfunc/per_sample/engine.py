@@ -1,0 +1,206 @@
+"""The shared driver of the per-sample transforms: validate, sub-sample, chunk, compute, combine.
+
+Per chunk of the selected samples, one forward runs under a
+:class:`~sbfunc.per_sample.intercept.LayerRecorder`; one backward of ``losses.sum()`` to the
+recorded layer outputs gives every covered Linear/Conv parameter's quantities from the layer
+identities (:mod:`sbfunc.per_sample.layers`); the other parameters go through ``vmap(grad)``
+(:func:`~sbfunc.per_sample.fallback.vmap_grads`) with the covered ones held constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+
+from sbfunc.batch import batch_size, take
+from sbfunc.module import LossFn, Params, reduce_per_sample
+from sbfunc.per_sample.fallback import vmap_grads
+from sbfunc.per_sample.intercept import LayerRecorder
+from sbfunc.per_sample.layers import Contraction
+
+__all__ = ["Stat", "check_subsampling", "check_wrt", "compute", "resolve_wrt"]
+
+Stat = Literal["grad", "sq_norm", "sum", "sum_sq"]
+_PER_SAMPLE: frozenset[str] = frozenset({"grad", "sq_norm"})
+
+# How each statistic follows from materialized per-sample gradients ``g[N, *shape]``.
+_FROM_GRADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "grad": lambda g: g,
+    "sq_norm": lambda g: g.square().reshape(g.shape[0], -1).sum(1),
+    "sum": lambda g: g.sum(0),
+    "sum_sq": lambda g: g.square().sum(0),
+}
+# ... and from a layer's contraction and its output gradient ``[N, T, G, O]`` (weights).
+_FROM_WEIGHT: dict[str, Callable[[Contraction, torch.Tensor], torch.Tensor]] = {
+    "grad": Contraction.weight_grads,
+    "sq_norm": Contraction.weight_sq_norms,
+    "sum": Contraction.weight_sum,
+    "sum_sq": Contraction.weight_sum_sq,
+}
+
+
+def check_wrt(wrt: Sequence[str] | None) -> tuple[str, ...] | None:
+    """Validate ``wrt``: ``None`` (all parameters) or a non-empty sequence of names/prefixes.
+
+    Example:
+        >>> from sbfunc.per_sample.engine import check_wrt
+        >>> check_wrt(["0", "1.bias"])
+        ('0', '1.bias')
+    """
+    if wrt is None:
+        return None
+    if isinstance(wrt, str) or not isinstance(wrt, Sequence):
+        raise TypeError(f"wrt must be None or a list of parameter names, got {wrt!r}")
+    if not wrt or not all(isinstance(w, str) and w for w in wrt):
+        raise ValueError(f"wrt must be a non-empty list of non-empty names, got {list(wrt)!r}")
+    return tuple(wrt)
+
+
+def resolve_wrt(wrt: Sequence[str] | None, params: Params) -> list[str]:
+    """Parameter names selected by ``wrt`` (exact names or module prefixes), in params order.
+
+    Raises:
+        ValueError: if an entry matches no parameter (the message lists the names).
+
+    Example:
+        >>> from sbfunc.per_sample.engine import resolve_wrt
+        >>> resolve_wrt(["0"], {"0.weight": torch.ones(1), "0.bias": torch.ones(1),
+        ...                     "1.weight": torch.ones(1)})
+        ['0.weight', '0.bias']
+    """
+    if wrt is None:
+        return list(params)
+
+    def matches(name: str, w: str) -> bool:
+        return name == w or name.startswith(w + ".")
+
+    for w in wrt:
+        if not any(matches(name, w) for name in params):
+            raise ValueError(f"wrt entry {w!r} matches no parameter; parameters: {list(params)}")
+    return [name for name in params if any(matches(name, w) for w in wrt)]
+
+
+def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
+    """Validate sub-sampling indices against a batch of ``n`` and return them as int64.
+
+    This reads the indices on the host (one sync for the range and duplicate checks); it runs
+    once per call of a per-sample transform, outside the training step's hot path.
+
+    Raises:
+        TypeError: if the indices are not integers.
+        ValueError: if they are not 1-D, empty, outside ``[0, n)`` or repeated.
+
+    Example:
+        >>> from sbfunc.per_sample.engine import check_subsampling
+        >>> check_subsampling([3, 0], 5)
+        tensor([3, 0])
+    """
+    idx = torch.as_tensor(subsampling)
+    if idx.dim() != 1 or idx.numel() == 0:
+        raise ValueError(
+            f"subsampling must be a non-empty 1-D list of indices, got shape {tuple(idx.shape)}"
+        )
+    if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
+        raise TypeError(f"subsampling must hold integer indices, got dtype {idx.dtype}")
+    idx = idx.long()
+    lo, hi = int(idx.min()), int(idx.max())
+    if lo < 0 or hi >= n:
+        raise ValueError(
+            f"subsampling indices must be in [0, {n}) (the batch size), got {lo}..{hi}"
+        )
+    if torch.unique(idx).numel() != idx.numel():
+        raise ValueError("subsampling indices must be unique; got repeated indices")
+    return idx
+
+
+def _chunk(
+    loss_fn: LossFn,
+    params: Params,
+    buffers: Params,
+    batch: Any,
+    names: list[str],
+    stats: tuple[Stat, ...],
+) -> dict[str, Params]:
+    n = batch_size(batch)
+    diff = {k: params[k].detach().requires_grad_() for k in names}
+    with torch.enable_grad(), LayerRecorder({id(v): k for k, v in diff.items()}, n) as rec:
+        losses = reduce_per_sample(loss_fn({**params, **diff}, buffers, batch), n)
+    covered = rec.covered()
+    calls = [c for c in rec.calls if c.weight in covered or c.bias in covered]
+    out: dict[str, Params] = {stat: {} for stat in stats}
+    if calls:
+        with torch.enable_grad():
+            grads = torch.autograd.grad(
+                losses.sum(), [c.output for c in calls], allow_unused=True, materialize_grads=True
+            )
+        for call, g in zip(calls, grads, strict=True):
+            g = call.contraction.out_grad(g.detach())
+            bias = Contraction.bias_grads(g) if call.bias in covered else None
+            for stat in stats:
+                if call.weight in covered:
+                    out[stat][call.weight] = _FROM_WEIGHT[stat](call.contraction, g)
+                if bias is not None and call.bias is not None:
+                    out[stat][call.bias] = _FROM_GRADS[stat](bias)
+    rest = [k for k in names if k not in out[stats[0]]]
+    if rest:
+        frozen = {k: v.detach() for k, v in params.items()}
+        for k, g in vmap_grads(loss_fn, frozen, buffers, batch, rest).items():
+            for stat in stats:
+                out[stat][k] = _FROM_GRADS[stat](g)
+    return {stat: {k: out[stat][k] for k in names} for stat in stats}
+
+
+def compute(
+    loss_fn: LossFn,
+    params: Params,
+    buffers: Params,
+    batch: Any,
+    *,
+    wrt: Sequence[str] | None,
+    stats: tuple[Stat, ...],
+    subsampling: Any,
+    chunk_size: int | None,
+) -> dict[str, Params]:
+    """Statistics of the per-sample gradients of the selected samples, per stat and parameter.
+
+    Per-sample statistics (``grad``, ``sq_norm``) have the selected samples as leading
+    dimension, in the order of ``subsampling``; sums (``sum``, ``sum_sq``) are over them.
+
+    Example:
+        >>> from sbfunc.per_sample.engine import compute
+        >>> model = torch.nn.Linear(3, 2)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.mse_loss)
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> batch = (torch.ones(6, 3), torch.zeros(6, 2))
+        >>> out = compute(loss_fn, params, buffers, batch, wrt=None, stats=("grad",),
+        ...               subsampling=[0, 5], chunk_size=1)
+        >>> {k: tuple(v.shape) for k, v in out["grad"].items()}
+        {'weight': (2, 2, 3), 'bias': (2, 2)}
+    """
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
+    names = resolve_wrt(wrt, params)
+    n = batch_size(batch)
+    idx = None
+    if subsampling is not None:
+        idx = check_subsampling(subsampling, n)
+        n = idx.numel()
+    if chunk_size is None or chunk_size >= n:
+        pieces = [batch if idx is None else take(batch, idx)]
+    else:
+        rows = idx if idx is not None else torch.arange(n)
+        pieces = [take(batch, part) for part in rows.split(chunk_size)]
+    results = [_chunk(loss_fn, params, buffers, piece, names, stats) for piece in pieces]
+    if len(results) == 1:
+        return results[0]
+    return {stat: _combine([r[stat] for r in results], stat, names) for stat in stats}
+
+
+def _combine(parts: list[Params], stat: Stat, names: list[str]) -> Params:
+    if stat in _PER_SAMPLE:
+        return {k: torch.cat([p[k] for p in parts]) for k in names}
+    return {k: torch.stack([p[k] for p in parts]).sum(0) for k in names}

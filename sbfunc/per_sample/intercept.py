@@ -1,0 +1,163 @@
+"""Record the Linear and Conv calls a loss function makes on the parameters being differentiated.
+
+:class:`LayerRecorder` is a :class:`torch.overrides.TorchFunctionMode`: while the loss function
+runs, every ``F.linear`` / ``torch.conv{1,2,3}d`` call whose weight *is* one of the tracked
+parameter tensors is recorded (input as a :class:`~sbfunc.per_sample.layers.Contraction`, and
+its output), and any other differentiable use of a tracked tensor is noted. A parameter is
+*covered* (its per-sample quantities follow from the layer identities) when it is used exactly
+once, as the weight or bias of a recorded call, and nowhere else; the rest fall back to
+``vmap(grad)``. Train-mode batch normalization is refused: it couples the samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, cast
+
+import optree
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from sbfunc.per_sample.layers import Contraction, conv_contraction, linear_contraction
+
+__all__ = ["BATCH_NORM_HELP", "LayerCall", "LayerRecorder"]
+
+BATCH_NORM_HELP = (
+    "per-sample gradients need samples that do not interact, but batch normalization in "
+    "train mode (or without running statistics) normalizes each sample with statistics of the "
+    "whole batch. Fix it with one of: build the loss with sbfunc.per_sample_loss(..., "
+    "train=False) (eval-mode BatchNorm uses its running statistics); "
+    "torch.func.replace_all_batch_norm_modules_(model) (stops tracking running statistics); "
+    "or replace BatchNorm by GroupNorm/LayerNorm"
+)
+
+_CONV_DIMS: dict[Callable[..., Any], int] = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_CONV_DEFAULTS = {"bias": None, "stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+_BATCH_NORMS = (F.batch_norm, torch.batch_norm)
+
+
+class LayerCall(NamedTuple):
+    """A recorded layer call: tracked weight name, bias name (``None`` if untracked/absent),
+    its contraction, its output, and the input's version counter when it was recorded."""
+
+    weight: str
+    bias: str | None
+    contraction: Contraction
+    output: torch.Tensor
+    input: torch.Tensor
+    input_version: int
+
+
+def _bind(args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound = dict(_CONV_DEFAULTS)
+    bound.update(zip(_CONV_ARGS, args, strict=False))
+    bound.update(kwargs)
+    return bound
+
+
+def _expand(value: Any, d: int) -> Any:
+    if isinstance(value, str):
+        return value
+    values = tuple(value) if isinstance(value, Sequence) else (value,)
+    return values * d if len(values) == 1 else values
+
+
+def _training_flag(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    # torch.batch_norm and F.batch_norm both take ``training`` as their 6th argument.
+    return bool(kwargs.get("training", args[5] if len(args) > 5 else False))
+
+
+class LayerRecorder(TorchFunctionMode):
+    """Records Linear/Conv calls on tracked parameters while a loss function runs.
+
+    Args:
+        tracked: ``{id(tensor): name}`` of the parameters being differentiated.
+        n: the batch size; only calls whose input has leading dimension ``n`` are recorded.
+
+    Example:
+        >>> from sbfunc.per_sample.intercept import LayerRecorder
+        >>> w = torch.ones(2, 3, requires_grad=True)
+        >>> with LayerRecorder({id(w): "w"}, 4) as rec:
+        ...     y = torch.nn.functional.linear(torch.ones(4, 3), w)
+        >>> [call.weight for call in rec.calls], rec.covered()
+        (['w'], {'w'})
+    """
+
+    def __init__(self, tracked: dict[int, str], n: int) -> None:
+        super().__init__()
+        self.tracked, self.n = tracked, n
+        self.calls: list[LayerCall] = []
+        self.other: set[str] = set()
+
+    def _name(self, t: Any) -> str | None:
+        return self.tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
+
+    def _contraction(
+        self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], Contraction] | None:
+        bound = _bind(args, kwargs)
+        x, weight = bound["input"], bound["weight"]
+        if self._name(weight) is None or not isinstance(x, torch.Tensor):
+            return None
+        if func is F.linear:
+            if x.dim() < 2 or x.shape[0] != self.n:
+                return None
+            return bound, linear_contraction(x, weight)
+        d = _CONV_DIMS[func]
+        if x.dim() != d + 2 or x.shape[0] != self.n:
+            return None
+        stride, padding, dilation = (
+            _expand(bound[k], d) for k in ("stride", "padding", "dilation")
+        )
+        return bound, conv_contraction(x, weight, stride, padding, dilation, bound["groups"])
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func in _BATCH_NORMS and _training_flag(args, kwargs):
+            raise ValueError(BATCH_NORM_HELP)
+        recorded = (
+            self._contraction(func, args, kwargs)
+            if func is F.linear or func in _CONV_DIMS
+            else None
+        )
+        out = func(*args, **kwargs)
+        if recorded is not None:
+            bound, contraction = recorded
+            x = bound["input"]
+            self.calls.append(
+                LayerCall(
+                    self.tracked[id(bound["weight"])],
+                    self._name(bound["bias"]),
+                    contraction,
+                    out,
+                    x,
+                    x._version,
+                )
+            )
+            # A copy, so in-place ops after the layer (ReLU(inplace=True)) leave ``out`` intact.
+            return out.clone()
+        if self.tracked and any(
+            isinstance(r, torch.Tensor) and r.requires_grad for r in optree.tree_leaves(out)
+        ):
+            leaves: list[Any] = optree.tree_leaves(cast(Any, (args, kwargs)))
+            names = {self._name(t) for t in leaves}
+            self.other.update(name for name in names if name is not None)
+        return out
+
+    def covered(self) -> set[str]:
+        """Names used exactly once, as a recorded weight or bias, and nowhere else."""
+        uses: dict[str, int] = {}
+        for call in self.calls:
+            for name in (call.weight, call.bias):
+                if name is not None:
+                    uses[name] = uses.get(name, 0) + 1
+        stale = {c.weight for c in self.calls if c.input._version != c.input_version}
+        return {k for k, v in uses.items() if v == 1} - self.other - stale

@@ -1,0 +1,84 @@
+"""Shared models and the per-sample ``torch.autograd`` loop the transforms are checked against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sbfunc
+
+
+def loop_grads(loss_fn, params, buffers, batch, names=None, indices=None):
+    """Per-sample gradients by one ``torch.autograd.grad`` per sample (the reference)."""
+    names = list(params) if names is None else names
+    n = sbfunc.batch_size(batch)
+    rows = range(n) if indices is None else [int(i) for i in indices]
+    out = {k: [] for k in names}
+    for i in rows:
+        p = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
+        loss = loss_fn(p, buffers, sbfunc.take(batch, torch.tensor([i])))[0]
+        grads = torch.autograd.grad(loss, [p[k] for k in names], allow_unused=True)
+        for k, g in zip(names, grads, strict=True):
+            out[k].append(torch.zeros_like(p[k]) if g is None else g)
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+class Mixed(nn.Module):
+    """Linear on sequences, conv with groups/stride/dilation, LayerNorm (fallback), tied use."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, stride=2, padding=1, dilation=1, groups=2)
+        self.conv2 = nn.Conv1d(4, 3, 2, dilation=2, padding="same", bias=False)
+        self.norm = nn.LayerNorm(3)
+        self.seq = nn.Linear(3, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv(x))  # [N, 4, 3, 3]
+        h = self.conv2(h.flatten(2))  # [N, 3, 9]
+        h = self.norm(h.transpose(1, 2))  # [N, 9, 3]
+        h = torch.tanh(self.seq(h)).mean(1)  # [N, 5]
+        return self.head(h) + 0.1 * self.head.weight.sum()  # weight used twice -> fallback
+
+
+def models():
+    """(name, model, batch of N=6) in float64, seeded."""
+    torch.manual_seed(0)
+    cases = [
+        ("seed", nn.Sequential(nn.Flatten(), nn.Linear(16, 3)), torch.randn(6, 1, 4, 4)),
+        (
+            "cnn",
+            nn.Sequential(
+                nn.Conv2d(1, 3, 3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(3, 2, 2, stride=2),
+                nn.Flatten(),
+                nn.Linear(8, 3),
+            ),
+            torch.randn(6, 1, 4, 4),
+        ),
+        ("mixed", Mixed(), torch.randn(6, 2, 6, 6)),
+        (
+            "conv3d",
+            nn.Sequential(nn.Conv3d(1, 2, 2, padding=(0, 1, 0)), nn.Flatten(), nn.LazyLinear(3)),
+            torch.randn(6, 1, 3, 3, 3),
+        ),
+    ]
+    out = []
+    for name, model, x in cases:
+        model = model.double()
+        model(x.double())  # materialize lazy modules
+        out.append((name, model, (x.double(), torch.randint(0, 3, (6,)))))
+    return out
+
+
+def setup(name):
+    model, batch = next((m, b) for n, m, b in models() if n == name)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    params, buffers = sbfunc.split_module(model)
+    return loss_fn, params, buffers, batch
+
+
+NAMES = [name for name, _, _ in models()]
