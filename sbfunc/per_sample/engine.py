@@ -18,7 +18,6 @@ from sbfunc.batch import batch_size, take
 from sbfunc.module import LossFn, Params, reduce_per_sample
 from sbfunc.per_sample.fallback import vmap_grads
 from sbfunc.per_sample.intercept import LayerRecorder
-from sbfunc.per_sample.layers import Contraction
 
 __all__ = ["Stat", "check_subsampling", "check_wrt", "compute", "resolve_wrt"]
 
@@ -32,12 +31,12 @@ _FROM_GRADS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "sum": lambda g: g.sum(0),
     "sum_sq": lambda g: g.square().sum(0),
 }
-# ... and from a layer's contraction and its output gradient ``[N, T, G, O]`` (weights).
-_FROM_WEIGHT: dict[str, Callable[[Contraction, torch.Tensor], torch.Tensor]] = {
-    "grad": Contraction.weight_grads,
-    "sq_norm": Contraction.weight_sq_norms,
-    "sum": Contraction.weight_sum,
-    "sum_sq": Contraction.weight_sum_sq,
+# ... and the layer method giving it for a covered Linear/Conv weight.
+_WEIGHT_METHOD = {
+    "grad": "weight_grads",
+    "sq_norm": "weight_sq_norms",
+    "sum": "weight_sum",
+    "sum_sq": "weight_sum_sq",
 }
 
 
@@ -82,11 +81,23 @@ def resolve_wrt(wrt: Sequence[str] | None, params: Params) -> list[str]:
     return [name for name in params if any(matches(name, w) for w in wrt)]
 
 
+def _valid_int_list(values: Any, n: int) -> bool:
+    return (
+        isinstance(values, list | tuple)
+        and len(values) > 0
+        and all(type(i) is int for i in values)
+        and min(values) >= 0
+        and max(values) < n
+        and len(set(values)) == len(values)
+    )
+
+
 def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
     """Validate sub-sampling indices against a batch of ``n`` and return them as int64.
 
-    This reads the indices on the host (one sync for the range and duplicate checks); it runs
-    once per call of a per-sample transform, outside the training step's hot path.
+    A Python list is checked in Python; a tensor is read on the host (one sync for the range
+    and duplicate checks). This runs once per call of a per-sample transform, outside the
+    training step's hot path.
 
     Raises:
         TypeError: if the indices are not integers.
@@ -97,6 +108,8 @@ def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
         >>> check_subsampling([3, 0], 5)
         tensor([3, 0])
     """
+    if _valid_int_list(subsampling, n):  # a Python list: validated without tensor ops
+        return torch.tensor(subsampling, dtype=torch.long)
     idx = torch.as_tensor(subsampling)
     if idx.dim() != 1 or idx.numel() == 0:
         raise ValueError(
@@ -122,8 +135,8 @@ def _chunk(
     batch: Any,
     names: list[str],
     stats: tuple[Stat, ...],
+    n: int,
 ) -> dict[str, Params]:
-    n = batch_size(batch)
     diff = {k: params[k].detach().requires_grad_() for k in names}
     with torch.enable_grad(), LayerRecorder({id(v): k for k, v in diff.items()}, n) as rec:
         losses = reduce_per_sample(loss_fn({**params, **diff}, buffers, batch), n)
@@ -136,11 +149,12 @@ def _chunk(
                 losses.sum(), [c.output for c in calls], allow_unused=True, materialize_grads=True
             )
         for call, g in zip(calls, grads, strict=True):
-            g = call.contraction.out_grad(g.detach())
-            bias = Contraction.bias_grads(g) if call.bias in covered else None
+            layer = call.contraction
+            g = layer.out_grad(g.detach())
+            bias = layer.bias_grads(g) if call.bias in covered else None
             for stat in stats:
                 if call.weight in covered:
-                    out[stat][call.weight] = _FROM_WEIGHT[stat](call.contraction, g)
+                    out[stat][call.weight] = getattr(layer, _WEIGHT_METHOD[stat])(g)
                 if bias is not None and call.bias is not None:
                     out[stat][call.bias] = _FROM_GRADS[stat](bias)
     rest = [k for k in names if k not in out[stats[0]]]
@@ -190,11 +204,11 @@ def compute(
         idx = check_subsampling(subsampling, n)
         n = idx.numel()
     if chunk_size is None or chunk_size >= n:
-        pieces = [batch if idx is None else take(batch, idx)]
+        pieces = [(batch if idx is None else take(batch, idx), n)]
     else:
         rows = idx if idx is not None else torch.arange(n)
-        pieces = [take(batch, part) for part in rows.split(chunk_size)]
-    results = [_chunk(loss_fn, params, buffers, piece, names, stats) for piece in pieces]
+        pieces = [(take(batch, part), part.numel()) for part in rows.split(chunk_size)]
+    results = [_chunk(loss_fn, params, buffers, b, names, stats, m) for b, m in pieces]
     if len(results) == 1:
         return results[0]
     return {stat: _combine([r[stat] for r in results], stat, names) for stat in stats}

@@ -12,14 +12,15 @@ once, as the weight or bias of a recorded call, and nowhere else; the rest fall 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 import optree
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.overrides import TorchFunctionMode
 
-from sbfunc.per_sample.layers import Contraction, conv_contraction, linear_contraction
+from sbfunc.per_sample.layers import Contraction, ConvLayer, conv_layer, linear_contraction
 
 __all__ = ["BATCH_NORM_HELP", "LayerCall", "LayerRecorder"]
 
@@ -40,12 +41,14 @@ _BATCH_NORMS = (F.batch_norm, torch.batch_norm)
 
 class LayerCall(NamedTuple):
     """A recorded layer call: tracked weight name, bias name (``None`` if untracked/absent),
-    its contraction, its output, and the input's version counter when it was recorded."""
+    its contraction, the gradient edge of its output (so in-place ops after the layer, such as
+    ``ReLU(inplace=True)``, do not change which gradient is read), and the input with its
+    version counter when it was recorded."""
 
     weight: str
     bias: str | None
-    contraction: Contraction
-    output: torch.Tensor
+    contraction: Contraction | ConvLayer
+    output: GradientEdge
     input: torch.Tensor
     input_version: int
 
@@ -94,9 +97,19 @@ class LayerRecorder(TorchFunctionMode):
     def _name(self, t: Any) -> str | None:
         return self.tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
 
+    def _names_in(self, values: Sequence[Any]) -> set[str]:
+        """Tracked names among ``values`` and nested lists/tuples (cheap: runs on every op)."""
+        names: set[str] = set()
+        for v in values:
+            if isinstance(v, list | tuple):
+                names |= self._names_in(v)
+            elif id(v) in self.tracked and isinstance(v, torch.Tensor):
+                names.add(self.tracked[id(v)])
+        return names
+
     def _contraction(
         self, func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
-    ) -> tuple[dict[str, Any], Contraction] | None:
+    ) -> tuple[dict[str, Any], Contraction | ConvLayer] | None:
         bound = _bind(args, kwargs)
         x, weight = bound["input"], bound["weight"]
         if self._name(weight) is None or not isinstance(x, torch.Tensor):
@@ -111,7 +124,7 @@ class LayerRecorder(TorchFunctionMode):
         stride, padding, dilation = (
             _expand(bound[k], d) for k in ("stride", "padding", "dilation")
         )
-        return bound, conv_contraction(x, weight, stride, padding, dilation, bound["groups"])
+        return bound, conv_layer(x, weight, stride, padding, dilation, bound["groups"])
 
     def __torch_function__(
         self,
@@ -137,19 +150,17 @@ class LayerRecorder(TorchFunctionMode):
                     self.tracked[id(bound["weight"])],
                     self._name(bound["bias"]),
                     contraction,
-                    out,
+                    get_gradient_edge(out),
                     x,
                     x._version,
                 )
             )
-            # A copy, so in-place ops after the layer (ReLU(inplace=True)) leave ``out`` intact.
-            return out.clone()
-        if self.tracked and any(
+            return out
+        names = self._names_in((*args, *kwargs.values()))
+        if names and any(
             isinstance(r, torch.Tensor) and r.requires_grad for r in optree.tree_leaves(out)
         ):
-            leaves: list[Any] = optree.tree_leaves(cast(Any, (args, kwargs)))
-            names = {self._name(t) for t in leaves}
-            self.other.update(name for name in names if name is not None)
+            self.other.update(names)
         return out
 
     def covered(self) -> set[str]:

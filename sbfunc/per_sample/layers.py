@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Contraction", "conv_contraction", "linear_contraction"]
+__all__ = ["Contraction", "ConvLayer", "conv_contraction", "linear_contraction"]
 
 
 class Contraction(NamedTuple):
@@ -48,6 +48,10 @@ class Contraction(NamedTuple):
             return g.reshape(n, -1, 1, g.shape[-1])
         g = g.reshape(n, self.groups, g.shape[1] // self.groups, -1)
         return g.permute(0, 3, 1, 2)
+
+    def bias_grads(self, g: torch.Tensor) -> torch.Tensor:
+        """Per-sample bias gradients ``[N, G*O]`` from the viewed output gradient."""
+        return g.sum(1).reshape(g.shape[0], -1)
 
     def weight_grads(self, g: torch.Tensor) -> torch.Tensor:
         """Per-sample weight gradients ``[N, *weight_shape]``."""
@@ -75,11 +79,6 @@ class Contraction(NamedTuple):
     def weight_sum(self, g: torch.Tensor) -> torch.Tensor:
         """``sum_n grad_W,n`` (the ordinary gradient of the summed loss)."""
         return torch.einsum("ntgo,ntgi->goi", g, self.x).reshape(self.weight_shape)
-
-    @staticmethod
-    def bias_grads(g: torch.Tensor) -> torch.Tensor:
-        """Per-sample bias gradients ``[N, G*O]``."""
-        return g.sum(1).reshape(g.shape[0], -1)
 
 
 def linear_contraction(x: torch.Tensor, weight: torch.Tensor) -> Contraction:
@@ -110,7 +109,7 @@ def _pads(
 
 def conv_contraction(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight_shape: torch.Size,
     stride: Sequence[int],
     padding: str | Sequence[int],
     dilation: Sequence[int],
@@ -123,12 +122,12 @@ def conv_contraction(
 
     Example:
         >>> from sbfunc.per_sample.layers import conv_contraction
-        >>> c = conv_contraction(torch.ones(2, 4, 5, 5), torch.ones(6, 2, 3, 3), (1, 1), (1, 1),
-        ...                      (1, 1), 2)
+        >>> c = conv_contraction(torch.ones(2, 4, 5, 5), torch.Size([6, 2, 3, 3]), (1, 1),
+        ...                      (1, 1), (1, 1), 2)
         >>> c.x.shape  # [N, 25 positions, 2 groups, 2 channels * 9 taps]
         torch.Size([2, 25, 2, 18])
     """
-    kernel = weight.shape[2:]
+    kernel = weight_shape[2:]
     d = len(kernel)
     patches = F.pad(x.detach(), _pads(padding, kernel, dilation))
     for dim, (k, s, dil) in enumerate(zip(kernel, stride, dilation, strict=True)):
@@ -142,4 +141,114 @@ def conv_contraction(
     patches = patches.permute(order).reshape(
         n, math.prod(positions), groups, (c // groups) * math.prod(kernel)
     )
-    return Contraction(patches, "channels", groups, weight.shape)
+    return Contraction(patches, "channels", groups, weight_shape)
+
+
+class ConvLayer(NamedTuple):
+    """A recorded N-d convolution. Per-sample weight gradients come from one grouped
+    ``convolution_backward`` with the samples folded into the groups (no unfolded copy of the
+    input); squared norms use the Gram form of :func:`conv_contraction` when it is cheaper.
+
+    Attributes:
+        x: the input ``[N, C, *L]`` (detached), already padded when ``padding`` was a string.
+        weight_shape: ``[O, C/G, *kernel]``.
+        stride, padding, dilation: per spatial dimension (ints).
+        groups: ``G``.
+
+    Example:
+        >>> from sbfunc.per_sample.layers import ConvLayer
+        >>> layer = ConvLayer(torch.ones(2, 1, 4), torch.Size([3, 1, 2]), (1,), (0,), (1,), 1)
+        >>> layer.weight_grads(torch.ones(2, 3, 3)).shape
+        torch.Size([2, 3, 1, 2])
+    """
+
+    x: torch.Tensor
+    weight_shape: torch.Size
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+
+    def out_grad(self, g: torch.Tensor) -> torch.Tensor:
+        """The output gradient as it is: ``[N, O, *L']``."""
+        return g
+
+    def bias_grads(self, g: torch.Tensor) -> torch.Tensor:
+        """Per-sample bias gradients ``[N, O]``."""
+        return g.flatten(2).sum(2)
+
+    def _weight_backward(self, g: torch.Tensor, x: torch.Tensor, groups: int) -> torch.Tensor:
+        shape = (g.shape[1], *self.weight_shape[1:])
+        weight = g.new_zeros(()).expand(shape)  # only its shape is read
+        d = len(self.stride)
+        return torch.ops.aten.convolution_backward(
+            g,
+            x,
+            weight,
+            None,
+            self.stride,
+            self.padding,
+            self.dilation,
+            False,
+            [0] * d,
+            groups,
+            [False, True, False],
+        )[1]
+
+    def weight_grads(self, g: torch.Tensor) -> torch.Tensor:
+        """Per-sample weight gradients ``[N, *weight_shape]``."""
+        n = g.shape[0]
+        folded = self._weight_backward(
+            g.reshape(1, -1, *g.shape[2:]),
+            self.x.reshape(1, -1, *self.x.shape[2:]),
+            n * self.groups,
+        )
+        return folded.reshape(n, *self.weight_shape)
+
+    def _gram(self, g: torch.Tensor) -> Contraction | None:
+        t, o = math.prod(g.shape[2:]), g.shape[1] // self.groups
+        i = math.prod(self.weight_shape[1:])
+        if t * t > i * o:
+            return None
+        return conv_contraction(
+            self.x, self.weight_shape, self.stride, self.padding, self.dilation, self.groups
+        )
+
+    def weight_sq_norms(self, g: torch.Tensor) -> torch.Tensor:
+        """Per-sample squared weight-gradient norms ``[N]``."""
+        c = self._gram(g)
+        if c is not None:
+            return c.weight_sq_norms(c.out_grad(g))
+        return self.weight_grads(g).square().reshape(g.shape[0], -1).sum(1)
+
+    def weight_sum_sq(self, g: torch.Tensor) -> torch.Tensor:
+        """``sum_n (grad_W,n)^2`` elementwise."""
+        return self.weight_grads(g).square().sum(0)
+
+    def weight_sum(self, g: torch.Tensor) -> torch.Tensor:
+        """``sum_n grad_W,n``: one ordinary weight backward."""
+        return self._weight_backward(g, self.x, self.groups)
+
+
+def conv_layer(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    stride: Sequence[int],
+    padding: str | Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> ConvLayer:
+    """A :class:`ConvLayer` for ``conv(x, weight, stride, padding, dilation, groups)``; string
+    paddings (``'same'``, ``'valid'``) are applied to the input up front.
+
+    Example:
+        >>> from sbfunc.per_sample.layers import conv_layer
+        >>> conv_layer(torch.ones(2, 1, 5), torch.ones(3, 1, 2), (1,), "same", (1,), 1).x.shape
+        torch.Size([2, 1, 6])
+    """
+    x = x.detach()
+    d = len(stride)
+    if isinstance(padding, str):
+        x = F.pad(x, _pads(padding, weight.shape[2:], dilation))
+        padding = (0,) * d
+    return ConvLayer(x, weight.shape, tuple(stride), tuple(padding), tuple(dilation), groups)

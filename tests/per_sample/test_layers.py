@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.per_sample.layers import conv_contraction, linear_contraction
+from sbfunc.per_sample.layers import conv_contraction, conv_layer, linear_contraction
 
 SETTINGS = settings(derandomize=True, max_examples=25, deadline=None)
 CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -53,8 +53,10 @@ def test_conv_contraction_matches_autograd(d, groups, k, stride, dilation, paddi
 
     g = torch.randn_like(layer(x, w))
     pad = (padding,) * d if isinstance(padding, int) else padding
-    c = conv_contraction(x, w, (stride,) * d, pad, (dilation,) * d, groups)
-    check(c, per_sample_weight_grads(layer, x, w, g), g)
+    ref = per_sample_weight_grads(layer, x, w, g)
+    args = ((stride,) * d, pad, (dilation,) * d, groups)
+    check(conv_contraction(x, w.shape, *args), ref, g)  # unfolded patches (Gram norms)
+    check(conv_layer(x, w, *args), ref, g)  # grouped convolution_backward
 
 
 @SETTINGS
