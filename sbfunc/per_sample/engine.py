@@ -43,10 +43,23 @@ _WEIGHT_METHOD = {
 def check_wrt(wrt: Sequence[str] | None) -> tuple[str, ...] | None:
     """Validate ``wrt``: ``None`` (all parameters) or a non-empty sequence of names/prefixes.
 
+    Args:
+        wrt: ``None`` or parameter names / module prefixes.
+
+    Returns:
+        ``None`` or the names as a tuple.
+
+    Raises:
+        TypeError: for a bare string or a non-sequence.
+        ValueError: for an empty sequence or empty names.
+
     Example:
         >>> from sbfunc.per_sample.engine import check_wrt
         >>> check_wrt(["0", "1.bias"])
         ('0', '1.bias')
+
+    References:
+        optax-style keyword-only options (``optax.masked``-like selection).
     """
     if wrt is None:
         return None
@@ -60,6 +73,13 @@ def check_wrt(wrt: Sequence[str] | None) -> tuple[str, ...] | None:
 def resolve_wrt(wrt: Sequence[str] | None, params: Params) -> list[str]:
     """Parameter names selected by ``wrt`` (exact names or module prefixes), in params order.
 
+    Args:
+        wrt: ``None`` (every parameter) or names / prefixes (``"0"`` selects ``"0.weight"``).
+        params: the parameter dict.
+
+    Returns:
+        The selected names.
+
     Raises:
         ValueError: if an entry matches no parameter (the message lists the names).
 
@@ -68,6 +88,9 @@ def resolve_wrt(wrt: Sequence[str] | None, params: Params) -> list[str]:
         >>> resolve_wrt(["0"], {"0.weight": torch.ones(1), "0.bias": torch.ones(1),
         ...                     "1.weight": torch.ones(1)})
         ['0.weight', '0.bias']
+
+    References:
+        ``torch.func.functional_call`` parameter names (``state_dict`` keys).
     """
     if wrt is None:
         return list(params)
@@ -95,6 +118,13 @@ def _valid_int_list(values: Any, n: int) -> bool:
 def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
     """Validate sub-sampling indices against a batch of ``n`` and return them as int64.
 
+    Args:
+        subsampling: a list/tuple of ints or a 1-D integer tensor.
+        n: the batch size.
+
+    Returns:
+        ``Tensor[S]`` of int64 indices, in the given order.
+
     A Python list is checked in Python; a tensor is read on the host (one sync for the range
     and duplicate checks). This runs once per call of a per-sample transform, outside the
     training step's hot path.
@@ -107,6 +137,9 @@ def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
         >>> from sbfunc.per_sample.engine import check_subsampling
         >>> check_subsampling([3, 0], 5)
         tensor([3, 0])
+
+    References:
+        Dangel et al. 2020, "BackPACK", ``BatchGrad(subsampling=...)``.
     """
     if _valid_int_list(subsampling, n):  # a Python list: validated without tensor ops
         return torch.tensor(subsampling, dtype=torch.long)
@@ -182,6 +215,23 @@ def compute(
     Per-sample statistics (``grad``, ``sq_norm``) have the selected samples as leading
     dimension, in the order of ``subsampling``; sums (``sum``, ``sum_sq``) are over them.
 
+    Args:
+        loss_fn: per-sample loss function.
+        params: parameters (differentiated: those selected by ``wrt``).
+        buffers: buffers.
+        batch: pytree batch.
+        wrt: validated ``wrt`` (see :func:`check_wrt`).
+        stats: the statistics to compute in one pass.
+        subsampling: indices (see :func:`check_subsampling`) or ``None``.
+        chunk_size: samples per forward/backward, or ``None`` for all at once.
+
+    Returns:
+        ``{stat: {name: Tensor}}``.
+
+    Raises:
+        ValueError: for a bad ``chunk_size``, unknown ``wrt`` names, bad indices, a loss that
+            is not ``[N]`` or train-mode BatchNorm.
+
     Example:
         >>> from sbfunc.per_sample.engine import compute
         >>> model = torch.nn.Linear(3, 2)
@@ -192,6 +242,9 @@ def compute(
         ...               subsampling=[0, 5], chunk_size=1)
         >>> {k: tuple(v.shape) for k, v in out["grad"].items()}
         {'weight': (2, 2, 3), 'bias': (2, 2)}
+
+    References:
+        Dangel et al. 2020, "BackPACK: Packing more into backprop".
     """
     if chunk_size is not None and (
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1

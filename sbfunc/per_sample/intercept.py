@@ -43,7 +43,21 @@ class LayerCall(NamedTuple):
     """A recorded layer call: tracked weight name, bias name (``None`` if untracked/absent),
     its contraction, the gradient edge of its output (so in-place ops after the layer, such as
     ``ReLU(inplace=True)``, do not change which gradient is read), and the input with its
-    version counter when it was recorded."""
+    version counter when it was recorded.
+
+    Example:
+        >>> from sbfunc.per_sample.intercept import LayerRecorder
+        >>> w = torch.ones(2, 3, requires_grad=True)
+        >>> with LayerRecorder({id(w): "w"}, 4) as rec:
+        ...     y = torch.nn.functional.linear(torch.ones(4, 3), w)
+        >>> call = rec.calls[0]
+        >>> call.weight, call.bias, call.contraction.x.shape
+        ('w', None, torch.Size([4, 1, 1, 3]))
+
+    References:
+        ``torch.autograd.graph.get_gradient_edge``; Dangel et al. 2020, "BackPACK" (module
+        hooks that store layer inputs and output gradients).
+    """
 
     weight: str
     bias: str | None
@@ -79,6 +93,14 @@ class LayerRecorder(TorchFunctionMode):
         tracked: ``{id(tensor): name}`` of the parameters being differentiated.
         n: the batch size; only calls whose input has leading dimension ``n`` are recorded.
 
+    Returns:
+        A mode to use as a context manager; after the forward, ``calls`` holds the recorded
+        :class:`LayerCall` objects, ``other`` the names used otherwise, :meth:`covered` the
+        names whose quantities follow from the layer identities.
+
+    Raises:
+        ValueError: (while active) when batch normalization runs in train mode.
+
     Example:
         >>> from sbfunc.per_sample.intercept import LayerRecorder
         >>> w = torch.ones(2, 3, requires_grad=True)
@@ -86,6 +108,10 @@ class LayerRecorder(TorchFunctionMode):
         ...     y = torch.nn.functional.linear(torch.ones(4, 3), w)
         >>> [call.weight for call in rec.calls], rec.covered()
         (['w'], {'w'})
+
+    References:
+        ``torch.overrides.TorchFunctionMode``; Opacus's ghost clipping (per-layer activations
+        and backprops of the summed loss).
     """
 
     def __init__(self, tracked: dict[int, str], n: int) -> None:

@@ -34,6 +34,21 @@ class Contraction(NamedTuple):
             ``"last"`` (Linear: features last) or ``"channels"`` (Conv: ``[N, G*O, *L]``).
         groups: ``G``.
         weight_shape: the weight's shape, to reshape ``[G, O, I]`` results.
+
+    Methods take the output gradient as returned by :meth:`out_grad` and return per-sample
+    (``weight_grads``, ``weight_sq_norms``, ``bias_grads``) or summed (``weight_sum``,
+    ``weight_sum_sq``) quantities.
+
+    Example:
+        >>> from sbfunc.per_sample.layers import linear_contraction
+        >>> c = linear_contraction(torch.tensor([[1.0, 2.0]]), torch.zeros(1, 2))
+        >>> g = c.out_grad(torch.tensor([[3.0]]))
+        >>> c.weight_grads(g), c.weight_sq_norms(g)
+        (tensor([[[3., 6.]]]), tensor([45.]))
+
+    References:
+        Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019,
+        "Efficient per-example gradient computations in convolutional neural networks".
     """
 
     x: torch.Tensor
@@ -84,10 +99,21 @@ class Contraction(NamedTuple):
 def linear_contraction(x: torch.Tensor, weight: torch.Tensor) -> Contraction:
     """The contraction of ``F.linear(x, weight)`` for an input ``[N, *, I]``.
 
+    Args:
+        x: the layer input, ``[N, *, I]``.
+        weight: the weight ``[O, I]`` (only its shape is used).
+
+    Returns:
+        A :class:`Contraction` with ``x`` viewed as ``[N, T, 1, I]``.
+
     Example:
         >>> from sbfunc.per_sample.layers import linear_contraction
         >>> linear_contraction(torch.ones(4, 3, 2), torch.ones(5, 2)).x.shape
         torch.Size([4, 3, 1, 2])
+
+    References:
+        Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019,
+        "Efficient per-example gradient computations in convolutional neural networks".
     """
     x = x.detach()
     return Contraction(x.reshape(x.shape[0], -1, 1, x.shape[-1]), "last", 1, weight.shape)
@@ -120,12 +146,27 @@ def conv_contraction(
     Works for 1-d, 2-d and 3-d convolutions with any stride, dilation, groups and padding
     (``'same'`` pads like torch: the extra element goes right).
 
+    Args:
+        x: the input ``[N, C, *L]``.
+        weight_shape: ``[O, C/G, *kernel]``.
+        stride: per spatial dimension.
+        padding: per spatial dimension, or ``'same'`` / ``'valid'``.
+        dilation: per spatial dimension.
+        groups: ``G``.
+
+    Returns:
+        A :class:`Contraction` over ``[N, prod(L'), G, C/G * prod(kernel)]`` patches.
+
     Example:
         >>> from sbfunc.per_sample.layers import conv_contraction
         >>> c = conv_contraction(torch.ones(2, 4, 5, 5), torch.Size([6, 2, 3, 3]), (1, 1),
         ...                      (1, 1), (1, 1), 2)
         >>> c.x.shape  # [N, 25 positions, 2 groups, 2 channels * 9 taps]
         torch.Size([2, 25, 2, 18])
+
+    References:
+        Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019,
+        "Efficient per-example gradient computations in convolutional neural networks".
     """
     kernel = weight_shape[2:]
     d = len(kernel)
@@ -160,6 +201,10 @@ class ConvLayer(NamedTuple):
         >>> layer = ConvLayer(torch.ones(2, 1, 4), torch.Size([3, 1, 2]), (1,), (0,), (1,), 1)
         >>> layer.weight_grads(torch.ones(2, 3, 3)).shape
         torch.Size([2, 3, 1, 2])
+
+    References:
+        Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019,
+        "Efficient per-example gradient computations in convolutional neural networks".
     """
 
     x: torch.Tensor
@@ -241,10 +286,25 @@ def conv_layer(
     """A :class:`ConvLayer` for ``conv(x, weight, stride, padding, dilation, groups)``; string
     paddings (``'same'``, ``'valid'``) are applied to the input up front.
 
+    Args:
+        x: the input ``[N, C, *L]``.
+        weight: the weight ``[O, C/G, *kernel]`` (only its shape is used).
+        stride: per spatial dimension.
+        padding: per spatial dimension, or ``'same'`` / ``'valid'``.
+        dilation: per spatial dimension.
+        groups: ``G``.
+
+    Returns:
+        A :class:`ConvLayer`.
+
     Example:
         >>> from sbfunc.per_sample.layers import conv_layer
         >>> conv_layer(torch.ones(2, 1, 5), torch.ones(3, 1, 2), (1,), "same", (1,), 1).x.shape
         torch.Size([2, 1, 6])
+
+    References:
+        Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019,
+        "Efficient per-example gradient computations in convolutional neural networks".
     """
     x = x.detach()
     d = len(stride)

@@ -41,7 +41,28 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class PerSampleTransform(Protocol[T_co]):
-    """``f(params, buffers, batch, *, subsampling=None, chunk_size=None)``."""
+    """The function a per-sample transform returns:
+    ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> T``.
+
+    Args:
+        params: parameter dict (e.g. from :func:`sbfunc.split_module`); never modified.
+        buffers: buffer dict.
+        batch: any pytree batch of ``N`` samples.
+        subsampling: indices of the samples to use (1-D, unique, in ``[0, N)``), or ``None``.
+        chunk_size: at most this many samples per forward/backward, or ``None``.
+
+    Returns:
+        The transform's quantity for the ``S`` selected samples.
+
+    Example:
+        >>> from sbfunc.per_sample import batch_grad
+        >>> f = batch_grad(lambda p, b, x: (x * p["w"]).sum(1))
+        >>> f({"w": torch.zeros(2)}, {}, torch.eye(2), subsampling=[1])["w"]
+        tensor([[0., 1.]])
+
+    References:
+        optax's ``GradientTransformation`` style: pure functions, keyword-only options.
+    """
 
     def __call__(
         self,
@@ -61,6 +82,14 @@ class SquaredNorms(NamedTuple):
     Attributes:
         total: ``Tensor[S]``, the squared norm of each selected sample's whole gradient.
         per_param: ``{name: Tensor[S]}``, the squared norm of each parameter's gradient.
+
+    Example:
+        >>> from sbfunc.per_sample import SquaredNorms
+        >>> SquaredNorms(torch.tensor([5.0]), {"w": torch.tensor([4.0]), "b": torch.tensor([1.0])})
+        SquaredNorms(total=tensor([5.]), per_param={'w': tensor([4.]), 'b': tensor([1.])})
+
+    References:
+        Dangel et al. 2020, "BackPACK" (``BatchL2Grad``'s ``batch_l2``, per parameter).
     """
 
     total: torch.Tensor
@@ -147,7 +176,20 @@ def batch_l2_grad(
     Linear and Conv weights use ``||x_i||^2 ||g_i||^2`` (2-D inputs) or the Gram form
     ``sum_{s,t} (x_s . x_t)(g_s . g_t)`` (sequence and unfolded conv inputs, when cheaper than
     the gradient) without materializing per-sample gradients; biases use the summed output
-    gradient; other parameters ``vmap(grad)``. Arguments as in :func:`batch_grad`.
+    gradient; other parameters ``vmap(grad)``.
+
+    Args:
+        loss_fn: per-sample loss function ``(params, buffers, batch) -> Tensor[N]`` whose
+            samples do not interact (no train-mode BatchNorm).
+        wrt: parameter names or module prefixes to differentiate (default: all).
+
+    Returns:
+        ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> SquaredNorms``
+        (``total`` and ``per_param``, each ``[S]``).
+
+    Raises:
+        TypeError: for a non-callable ``loss_fn`` or a malformed ``wrt``. Calls raise
+            ``ValueError`` as :func:`batch_grad`'s do.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -179,8 +221,20 @@ def sum_grad_squared(
 ) -> PerSampleTransform[Params]:
     """Elementwise sum of squared per-sample gradients ``sum_i g_i^2``, shaped like each param.
 
-    For Linear layers on 2-D inputs it is ``(g^2)^T (x^2)``, never forming ``g_i``. Arguments as
-    in :func:`batch_grad`.
+    For Linear layers on 2-D inputs it is ``(g^2)^T (x^2)``, never forming ``g_i``.
+
+    Args:
+        loss_fn: per-sample loss function ``(params, buffers, batch) -> Tensor[N]`` whose
+            samples do not interact (no train-mode BatchNorm).
+        wrt: parameter names or module prefixes to differentiate (default: all).
+
+    Returns:
+        ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> dict`` of tensors
+        shaped like the parameters; chunks are summed.
+
+    Raises:
+        TypeError: for a non-callable ``loss_fn`` or a malformed ``wrt``. Calls raise
+            ``ValueError`` as :func:`batch_grad`'s do.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -204,8 +258,18 @@ def variance(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampleT
     """Elementwise variance of the per-sample gradients over the ``S`` selected samples.
 
     ``mean_i g_i^2 - (mean_i g_i)^2`` (the population variance, BackPACK's ``Variance``
-    definition): with a mean-reduced loss BackPACK returns this divided by ``N^2``. Arguments as
-    in :func:`batch_grad`.
+    definition): with a mean-reduced loss BackPACK returns this divided by ``N^2``.
+
+    Args:
+        loss_fn: the per-sample loss (as for :func:`batch_grad`).
+        wrt: names or module prefixes of the parameters whose gradient variance is wanted.
+
+    Returns:
+        ``f(params, buffers, batch, *, subsampling=None, chunk_size=None)`` returning the
+        variances, one tensor per parameter with its shape (``S`` must be at least 1).
+
+    Raises:
+        TypeError: as :func:`batch_grad` (the same validation, the same call-time errors).
 
     Example:
         >>> from sbfunc.per_sample import variance
