@@ -26,11 +26,12 @@ __all__ = ["BATCH_NORM_HELP", "LayerCall", "LayerRecorder"]
 
 BATCH_NORM_HELP = (
     "per-sample gradients need samples that do not interact, but batch normalization in "
-    "train mode (or without running statistics) normalizes each sample with statistics of the "
-    "whole batch. Fix it with one of: build the loss with sbfunc.per_sample_loss(..., "
-    "train=False) (eval-mode BatchNorm uses its running statistics); "
-    "torch.func.replace_all_batch_norm_modules_(model) (stops tracking running statistics); "
-    "or replace BatchNorm by GroupNorm/LayerNorm"
+    "train mode normalizes each sample with statistics of the whole batch (and updates its "
+    "running statistics). Fix it with one of: build the loss with "
+    "sbfunc.per_sample_loss(..., train=False) (eval-mode BatchNorm uses its running "
+    "statistics); torch.func.replace_all_batch_norm_modules_(model) (no running statistics: "
+    "each sample is then normalized by its own statistics, via vmap over the samples); or "
+    "replace BatchNorm by GroupNorm/LayerNorm"
 )
 
 _CONV_DIMS: dict[Callable[..., Any], int] = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
@@ -81,9 +82,18 @@ def _expand(value: Any, d: int) -> Any:
     return values * d if len(values) == 1 else values
 
 
-def _training_flag(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    # torch.batch_norm and F.batch_norm both take ``training`` as their 6th argument.
-    return bool(kwargs.get("training", args[5] if len(args) > 5 else False))
+def _batch_norm_mode(func: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """``"eval"``, ``"per_sample"`` (train mode without running statistics, as left by
+    ``torch.func.replace_all_batch_norm_modules_``) or ``"batch"`` (train mode with them)."""
+    # Both take ``training`` 6th; running stats are 2nd/3rd in F.batch_norm, 4th/5th in torch's.
+    if not kwargs.get("training", args[5] if len(args) > 5 else False):
+        return "eval"
+    first = 1 if func is F.batch_norm else 3
+    stats = [
+        kwargs.get(k, args[i] if len(args) > i else None)
+        for i, k in enumerate(("running_mean", "running_var"), start=first)
+    ]
+    return "per_sample" if all(s is None for s in stats) else "batch"
 
 
 class LayerRecorder(TorchFunctionMode):
@@ -99,7 +109,10 @@ class LayerRecorder(TorchFunctionMode):
         names whose quantities follow from the layer identities.
 
     Raises:
-        ValueError: (while active) when batch normalization runs in train mode.
+        ValueError: (while active) when batch normalization runs in train mode with running
+            statistics. Without them (``torch.func.replace_all_batch_norm_modules_``) it sets
+            ``per_sample_norm`` and :meth:`covered` is empty: ``vmap`` then normalizes each
+            sample by its own statistics, like a loop over samples.
 
     Example:
         >>> from sbfunc.per_sample.intercept import LayerRecorder
@@ -119,6 +132,7 @@ class LayerRecorder(TorchFunctionMode):
         self.tracked, self.n = tracked, n
         self.calls: list[LayerCall] = []
         self.other: set[str] = set()
+        self.per_sample_norm = False
 
     def _name(self, t: Any) -> str | None:
         return self.tracked.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -160,8 +174,11 @@ class LayerRecorder(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func in _BATCH_NORMS and _training_flag(args, kwargs):
-            raise ValueError(BATCH_NORM_HELP)
+        if func in _BATCH_NORMS:
+            mode = _batch_norm_mode(func, args, kwargs)
+            if mode == "batch":
+                raise ValueError(BATCH_NORM_HELP)
+            self.per_sample_norm |= mode == "per_sample"
         recorded = (
             self._contraction(func, args, kwargs)
             if func is F.linear or func in _CONV_DIMS
@@ -190,7 +207,10 @@ class LayerRecorder(TorchFunctionMode):
         return out
 
     def covered(self) -> set[str]:
-        """Names used exactly once, as a recorded weight or bias, and nowhere else."""
+        """Names used exactly once, as a recorded weight or bias, and nowhere else (none when a
+        statistics-free train-mode BatchNorm needs every sample run on its own)."""
+        if self.per_sample_norm:
+            return set()
         uses: dict[str, int] = {}
         for call in self.calls:
             for name in (call.weight, call.bias):

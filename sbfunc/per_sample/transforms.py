@@ -139,7 +139,9 @@ def batch_grad(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampl
 
     Args:
         loss_fn: per-sample loss function ``(params, buffers, batch) -> Tensor[N]`` whose
-            samples do not interact (no train-mode BatchNorm).
+            samples do not interact: no train-mode BatchNorm with running statistics (without
+            them, as after ``torch.func.replace_all_batch_norm_modules_``, each sample is
+            normalized on its own, through ``vmap``).
         wrt: parameter names or module prefixes to differentiate (default: all).
 
     Returns:

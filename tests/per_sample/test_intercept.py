@@ -86,4 +86,11 @@ def test_batch_norm_in_eval_mode_passes_through():
         out = F.batch_norm(torch.randn(2, 3), torch.zeros(3), torch.ones(3), training=False)
     assert out.shape == (2, 3)
     with pytest.raises(ValueError, match="GroupNorm"), LayerRecorder({}, 2):
+        F.batch_norm(torch.randn(2, 3), torch.zeros(3), torch.ones(3), training=True)
+    with pytest.raises(ValueError, match="GroupNorm"), LayerRecorder({}, 2):
+        torch.batch_norm(
+            torch.randn(2, 3), None, None, torch.zeros(3), torch.ones(3), True, 0.1, 1e-5, False
+        )
+    with LayerRecorder({}, 2) as rec:  # no running statistics: per-sample normalization
         F.batch_norm(torch.randn(2, 3), None, None, training=True)
+    assert rec.per_sample_norm and rec.covered() == set()

@@ -172,14 +172,30 @@ def test_loss_that_is_not_per_sample():
         batch_grad(lambda p, b, x: loss_fn(p, b, x)[:2])(params, buffers, batch)
 
 
-@pytest.mark.parametrize("track", [True, False])
-def test_train_mode_batch_norm_is_refused_with_a_fix(track):
-    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4, track_running_stats=track))
+def test_train_mode_batch_norm_is_refused_with_a_fix():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.mse_loss, train=True)
     batch = (torch.randn(5, 3), torch.randn(5, 4))
     with pytest.raises(ValueError, match=r"train=False.*replace_all_batch_norm_modules_"):
         batch_grad(loss_fn)(params, buffers, batch)
     eval_loss = sbfunc.per_sample_loss(model, F.mse_loss, train=False)
-    if track:  # eval mode with running statistics is per-sample
-        assert batch_grad(eval_loss)(params, buffers, batch)["1.weight"].shape == (5, 4)
+    # eval mode with running statistics is per-sample
+    assert batch_grad(eval_loss)(params, buffers, batch)["1.weight"].shape == (5, 4)
+
+
+def test_batch_norm_without_running_stats_normalizes_each_sample_alone():
+    """After torch.func.replace_all_batch_norm_modules_, every quantity matches a loop that runs
+    each sample as a batch of one (vmap semantics), not the coupled batch forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Linear(12, 2)
+    ).double()
+    torch.func.replace_all_batch_norm_modules_(model)
+    params, buffers = sbfunc.split_module(model)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    batch = (torch.randn(5, 1, 4, 4, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1]))
+    ref = loop_grads(loss_fn, params, buffers, batch)
+    got = batch_grad(loss_fn)(params, buffers, batch, subsampling=[4, 1])
+    for k, v in ref.items():
+        close(got[k], v[[4, 1]])
