@@ -2,13 +2,49 @@
 
 The data flow is score -> select -> prune -> step. Every stage is a pure function of explicit
 inputs (parameters, buffers, a pytree batch, a random key); the public namespace is flat.
+Sub-namespaces hold the larger families: :mod:`sbfunc.policies` (selection policies),
+:mod:`sbfunc.per_sample` (per-sample gradients on a subset), :mod:`sbfunc.engine` and
+:mod:`sbfunc.passes` (events, algorithms, ordering), :mod:`sbfunc.checkpoint`,
+:mod:`sbfunc.datasets`, :mod:`sbfunc.random` and :mod:`sbfunc.compat`.
 """
 
-from sbfunc import compat, datasets, random, score, select
-from sbfunc.algorithms import cutout_batch, mixup_batch, smooth_labels, soft_targets
+from sbfunc import compat, datasets, engine, passes, per_sample, policies, random, score, select
+from sbfunc.algorithms import (
+    CutOut,
+    LabelSmoothing,
+    MixUp,
+    SelectiveBackprop,
+    cutout_batch,
+    mixup_batch,
+    smooth_labels,
+    soft_targets,
+)
 from sbfunc.batch import batch_size, extract, replace, take
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
-from sbfunc.module import LossFn, Params, per_sample_loss, reduce_per_sample, split_module
+from sbfunc.engine import (
+    Algorithm,
+    Event,
+    State,
+    Time,
+    Trace,
+    chain,
+    during,
+    every_n_steps,
+    init_state,
+    inject_hyperparams,
+    named_chain,
+    on_events,
+    run_event,
+    when,
+)
+from sbfunc.module import (
+    LossFn,
+    ModuleLoss,
+    Params,
+    per_sample_loss,
+    reduce_per_sample,
+    split_module,
+)
 from sbfunc.score import score_losses
 from sbfunc.select import (
     Selection,
@@ -21,25 +57,65 @@ from sbfunc.select import (
     ranks,
     top_k,
 )
-from sbfunc.step import checkpoint
+from sbfunc.step import (
+    BATCH_EVENTS,
+    Duration,
+    FitResult,
+    Optimizer,
+    StepMetrics,
+    TrainStep,
+    checkpoint,
+    fit,
+    make_train_step,
+    weighted_mean,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BATCH_EVENTS",
+    "Algorithm",
+    "CutOut",
+    "Duration",
+    "Event",
+    "FitResult",
+    "LabelSmoothing",
     "LossFn",
+    "MixUp",
+    "ModuleLoss",
+    "Optimizer",
     "Params",
     "Selection",
+    "SelectiveBackprop",
+    "State",
+    "StepMetrics",
+    "Time",
+    "Trace",
+    "TrainStep",
     "batch_size",
+    "chain",
     "check_keep",
     "checkpoint",
     "compat",
-    "datasets",
     "cutout_batch",
+    "datasets",
+    "during",
+    "engine",
+    "every_n_steps",
     "extract",
+    "fit",
     "gumbel_top_k",
+    "init_state",
+    "inject_hyperparams",
     "kept_count",
+    "make_train_step",
     "mixup_batch",
+    "named_chain",
+    "on_events",
+    "passes",
+    "per_sample",
     "per_sample_loss",
+    "policies",
     "random",
     "random_subset",
     "rank_power",
@@ -47,6 +123,7 @@ __all__ = [
     "ranks",
     "reduce_per_sample",
     "replace",
+    "run_event",
     "score",
     "score_losses",
     "select",
@@ -57,4 +134,6 @@ __all__ = [
     "split_module",
     "take",
     "top_k",
+    "weighted_mean",
+    "when",
 ]

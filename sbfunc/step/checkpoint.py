@@ -47,13 +47,13 @@ def from_state_dict(d: dict[str, Any], like: T) -> T:
     """
     if not isinstance(d, dict) or d.get("format") != _FORMAT:
         raise ValueError(f"not an sbfunc checkpoint (expected format {_FORMAT!r})")
-    _, spec = optree.tree_flatten(like, none_is_leaf=True)
+    _, spec = optree.tree_flatten(like, none_is_leaf=True)  # type: ignore[arg-type]
     if str(spec) != d["structure"]:
         raise ValueError(
             "checkpoint structure does not match the template `like`:\n"
             f"  checkpoint: {d['structure']}\n  template:   {spec}"
         )
-    return optree.tree_unflatten(spec, d["leaves"])  # type: ignore[no-any-return]
+    return optree.tree_unflatten(spec, d["leaves"])  # type: ignore[return-value]
 
 
 def save(tree: Any, f: str | os.PathLike[str] | BinaryIO) -> None:

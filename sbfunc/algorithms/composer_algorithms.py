@@ -1,0 +1,149 @@
+"""CutOut, MixUp and LabelSmoothing as algorithms (Composer's, in functional form)."""
+
+from __future__ import annotations
+
+from sbfunc import random as sbrandom
+from sbfunc.algorithms.augment import check_probability, cutout_batch, mixup_batch, smooth_labels
+from sbfunc.batch import extract, replace
+from sbfunc.engine import Algorithm, Event, State
+
+__all__ = ["CutOut", "LabelSmoothing", "MixUp"]
+
+
+def _check_field(name: str, field: int | str) -> int | str:
+    if isinstance(field, bool) or not isinstance(field, int | str):
+        raise TypeError(f"{name} must be an int (tuple batch) or str (dict batch), got {field!r}")
+    return field
+
+
+def _check_classes(num_classes: int) -> int:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
+    return num_classes
+
+
+class CutOut(Algorithm):
+    """Zero random squares of the input on ``AFTER_DATALOADER`` (see :func:`sbfunc.cutout_batch`).
+
+    Runs after any sample-selecting algorithm on that event (default passes), so it augments
+    only the kept rows and never the rows Selective Backprop scores.
+
+    Example:
+        >>> co = sbfunc.CutOut(length=0.5)
+        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+        >>> state = state.replace(batch=(torch.ones(2, 1, 4, 4), torch.zeros(2)))
+        >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0] == 0).sum())
+        4
+
+    References:
+        DeVries and Taylor 2017; MosaicML Composer ``CutOut``.
+    """
+
+    def __init__(self, num_holes: int = 1, length: float = 0.5, *, input: int | str = 0) -> None:
+        if isinstance(num_holes, bool) or not isinstance(num_holes, int) or num_holes < 1:
+            raise ValueError(f"num_holes must be an int >= 1, got {num_holes!r}")
+        self.num_holes = num_holes
+        self.length = check_probability("length", length, open_low=True)
+        self.input = _check_field("input", input)
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.AFTER_DATALOADER
+
+    def apply(self, event: Event, state: State) -> State:
+        key, sub = sbrandom.split(state.key)
+        x = extract(state.batch, self.input, "input")
+        x = cutout_batch(x, key=sub, num_holes=self.num_holes, length=self.length)
+        return state.replace(batch=replace(state.batch, self.input, x), key=key)
+
+
+class MixUp(Algorithm):
+    """Mix random pairs of inputs and their targets on ``BEFORE_FORWARD``.
+
+    The loss on the mixed soft targets is Composer's interpolated loss for cross-entropy (see
+    :func:`sbfunc.mixup_batch`), so it declares ``interpolate_loss = True`` and the
+    ``warn_if_multiple_loss_interpolation`` pass can flag conflicting algorithms.
+
+    Example:
+        >>> mu = sbfunc.MixUp(alpha=0.2, num_classes=3)
+        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+        >>> state = state.replace(batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
+        >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
+        torch.Size([4, 3])
+
+    References:
+        Zhang et al. 2018; MosaicML Composer ``MixUp``.
+    """
+
+    interpolate_loss = True
+
+    def __init__(
+        self, alpha: float = 0.2, *, num_classes: int, input: int | str = 0, target: int | str = 1
+    ) -> None:
+        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
+            raise ValueError(f"alpha must be a float > 0, got {alpha!r}")
+        self.alpha = float(alpha)
+        self.num_classes = _check_classes(num_classes)
+        self.input = _check_field("input", input)
+        self.target = _check_field("target", target)
+
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.BEFORE_FORWARD
+
+    def apply(self, event: Event, state: State) -> State:
+        key, sub = sbrandom.split(state.key)
+        x = extract(state.batch, self.input, "input")
+        y = extract(state.batch, self.target, "target")
+        xm, ym, _ = mixup_batch(x, y, key=sub, alpha=self.alpha, num_classes=self.num_classes)
+        batch = replace(replace(state.batch, self.input, xm), self.target, ym)
+        return state.replace(batch=batch, key=key)
+
+
+class LabelSmoothing(Algorithm):
+    """Smooth the targets on ``BEFORE_LOSS`` and restore them on ``AFTER_LOSS``.
+
+    The original targets wait in ``state.algorithm_state[name]`` between the two events (and
+    are ``None`` otherwise, so checkpoints between steps have a fixed structure). With the FILO
+    order of the default passes, when several algorithms change targets on ``BEFORE_LOSS``,
+    they restore them in reverse on ``AFTER_LOSS``.
+
+    Example:
+        >>> ls = sbfunc.LabelSmoothing(0.1, num_classes=2)
+        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0), algorithms=[ls])
+        >>> state = state.replace(batch=(torch.zeros(1, 3), torch.tensor([1])))
+        >>> state = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
+        >>> state.batch[1]
+        tensor([[0.0500, 0.9500]])
+        >>> ls.apply(sbfunc.Event.AFTER_LOSS, state).batch[1]
+        tensor([1])
+
+    References:
+        Szegedy et al. 2016; MosaicML Composer ``LabelSmoothing``.
+    """
+
+    def __init__(self, smoothing: float = 0.1, *, num_classes: int, target: int | str = 1) -> None:
+        self.smoothing = check_probability("smoothing", smoothing)
+        self.num_classes = _check_classes(num_classes)
+        self.target = _check_field("target", target)
+
+    def init(self, key: sbrandom.Key) -> None:
+        return None
+
+    def match(self, event: Event, state: State) -> bool:
+        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
+
+    def apply(self, event: Event, state: State) -> State:
+        stash = dict(state.algorithm_state)
+        if event == Event.BEFORE_LOSS:
+            y = extract(state.batch, self.target, "target")
+            stash[self.name] = y
+            smoothed = smooth_labels(y, self.smoothing, self.num_classes)
+            return state.replace(
+                batch=replace(state.batch, self.target, smoothed), algorithm_state=stash
+            )
+        original = stash.get(self.name)
+        if original is None:
+            raise RuntimeError(f"{self.name}: AFTER_LOSS without the matching BEFORE_LOSS")
+        stash[self.name] = None
+        return state.replace(
+            batch=replace(state.batch, self.target, original), algorithm_state=stash
+        )

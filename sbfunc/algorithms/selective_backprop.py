@@ -1,0 +1,198 @@
+"""Selective Backprop as an algorithm on ``AFTER_DATALOADER``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from sbfunc import random as sbrandom
+from sbfunc.batch import Field, batch_size, extract, take
+from sbfunc.compat.composer import check_window, should_selective_backprop
+from sbfunc.engine import Algorithm, Event, State
+from sbfunc.module import LossFn, ModuleLoss
+from sbfunc.policies import Policy, StaleState, apply_policy, stale_scores
+from sbfunc.score import check_scale_factor, score_losses
+from sbfunc.select import Selection, check_keep, rank_power
+
+__all__ = ["SelectiveBackprop"]
+
+SelectFn = Callable[..., Selection]
+
+
+class SelectiveBackprop(Algorithm):
+    """Score the whole batch with a cheap no-grad forward, keep a fraction, backprop only those.
+
+    On ``AFTER_DATALOADER``, when ``should_selective_backprop(elapsed, batch_in_epoch, start,
+    end, interrupt)`` holds, it scores every row with ``loss_fn`` under no-grad (input
+    downsampled by ``scale_factor``), chooses the kept rows from a key split off
+    ``state.key``, prunes **every** leaf of the pytree batch, and sets
+    ``state.sample_weights`` from the selection. The scoring forward counts in
+    ``time.samples_forwarded``. All arguments are validated here, at construction.
+
+    The rows are chosen either by a stateless ``select(scores, keep, *, key)`` (Composer's
+    rank-power law by default) or by a selection ``policy`` from :mod:`sbfunc.policies`,
+    whose state lives in ``state.algorithm_state[name]`` (and so checkpoints with the rest).
+    Per-id policies (Stale-SB, Loshchilov, RHO-LOSS, InfoBatch) read the sample ids from the
+    batch field ``ids``; with :func:`~sbfunc.policies.stale_sb` only the rows whose cached
+    loss is stale are scored.
+
+    The default passes keep it first on ``AFTER_DATALOADER``, so it scores the raw batch before
+    augmentations (CutOut, MixUp) touch it, and those only see the kept rows.
+
+    Args:
+        start: start of the active window, a fraction of training in [0, 1].
+        end: end of the half-open window ``[start, end)``, ``>= start``.
+        keep: fraction of the batch kept, in (0, 1]; default 0.5. A policy sets its own
+            fraction, so ``keep`` must be left out with one.
+        scale_factor: spatial scale of the scoring input, in (0, 1].
+        interrupt: a plain step every ``interrupt`` batches; 0 never interrupts; 1 is refused.
+        loss_fn: the per-sample score, ``loss_fn(params, buffers, batch) -> Tensor[N]``
+            (higher = more useful to backpropagate; usually the loss). A
+            :class:`sbfunc.ModuleLoss` is scored in eval mode (``loss_fn.with_train(False)``:
+            deterministic, no BatchNorm statistics updates) unless ``score_in_train_mode=True``
+            (Composer's behaviour).
+        select: ``select(scores, keep, *, key) -> Selection``; default
+            :func:`sbfunc.rank_power`; e.g. :func:`sbfunc.top_k`, :func:`sbfunc.random_subset`.
+        policy: a :class:`sbfunc.policies.Policy` instead of ``keep`` and ``select``.
+        ids: where the int64 sample ids sit in the batch (for per-id policies).
+        input: where the input sits in the batch (for downsampling).
+        score_in_train_mode: see ``loss_fn``.
+        name: the name in traces and ``state.algorithm_state``.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 3)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=0.25, interrupt=0,
+        ...                               loss_fn=loss_fn)
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0))
+        >>> state = state.replace(batch=(torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> sb.match(sbfunc.Event.AFTER_DATALOADER, state)
+        True
+        >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
+        torch.Size([2, 4])
+
+        With a policy from :mod:`sbfunc.policies` (its state is initialised by
+        ``init_state``):
+
+        >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn,
+        ...                               policy=sbfunc.policies.jiang_cdf(beta=1.0))
+        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0), algorithms=[sb])
+        >>> state = state.replace(batch=(torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
+        >>> int(state.algorithm_state["SelectiveBackprop"].pushed)
+        8
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        MosaicML Composer ``SelectiveBackprop``.
+    """
+
+    selects_samples = True
+
+    def __init__(
+        self,
+        start: float = 0.5,
+        end: float = 0.9,
+        keep: float | None = None,
+        scale_factor: float = 1.0,
+        interrupt: int = 2,
+        *,
+        loss_fn: LossFn,
+        select: SelectFn | None = None,
+        policy: Policy | None = None,
+        ids: Field | None = None,
+        input: Field = 0,
+        score_in_train_mode: bool = False,
+        name: str | None = None,
+    ) -> None:
+        check_window(start, end, interrupt)
+        self.start, self.end, self.interrupt = float(start), float(end), interrupt
+        if policy is not None:
+            if not isinstance(policy, Policy):
+                raise TypeError(f"policy must be an sbfunc.policies.Policy, got {policy!r}")
+            if keep is not None or select is not None:
+                raise ValueError("policy sets the kept fraction: leave keep and select out")
+        self.policy = policy
+        self.keep = check_keep(0.5 if keep is None else keep)
+        self.scale_factor = check_scale_factor(scale_factor)
+        if not callable(loss_fn):
+            raise TypeError(f"loss_fn must be a per-sample loss function, got {loss_fn!r}")
+        if isinstance(loss_fn, ModuleLoss) and not score_in_train_mode:
+            loss_fn = loss_fn.with_train(False)
+        if self.scale_factor != 1.0 and callable(input):
+            raise TypeError("with scale_factor != 1, input must be an int or str batch field")
+        if select is not None and not callable(select):
+            raise TypeError(f"select must be callable, got {select!r}")
+        if ids is not None and (isinstance(ids, bool) or not isinstance(ids, int | str)):
+            raise TypeError(f"ids must be an int or str batch field, got {ids!r}")
+        self.loss_fn, self.select = loss_fn, rank_power if select is None else select
+        self.ids, self.input = ids, input
+        if name is not None:
+            self.name = name
+
+    def init(self, key: sbrandom.Key) -> Any:
+        """The policy's initial state (``None`` without a policy)."""
+        return None if self.policy is None else self.policy.init()
+
+    def match(self, event: Event, state: State) -> bool:
+        if event != Event.AFTER_DATALOADER:
+            return False
+        t = state.time
+        return should_selective_backprop(
+            t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt
+        )
+
+    def apply(self, event: Event, state: State) -> State:
+        key, sub = sbrandom.split(state.key)
+        batch = state.batch
+        score = partial(
+            score_losses,
+            self.loss_fn,
+            state.params,
+            state.buffers,
+            scale_factor=self.scale_factor,
+            input=self.input,
+        )
+        t = state.time
+        if self.policy is None:
+            forwarded = batch_size(batch)
+            selection = self.select(score(batch), self.keep, key=sub)
+            batch, weights = take(batch, selection.indices), selection.weights
+            algorithm_state = state.algorithm_state
+        else:
+            policy_state = state.algorithm_state[self.name]
+            if isinstance(policy_state, StaleState):
+                ids = extract(batch, self.ids, "ids") if self.ids is not None else None
+                if ids is None:
+                    raise ValueError(f"{self.name}: stale_sb needs the batch field `ids`")
+                scores, forwarded = stale_scores(policy_state, batch, ids, t.epoch, score)
+            else:
+                scores, forwarded = score(batch), batch_size(batch)
+            pruned = apply_policy(
+                self.policy,
+                policy_state,
+                batch,
+                scores,
+                key=sub,
+                ids=self.ids,
+                epoch=t.epoch,
+                elapsed=t.elapsed,
+            )
+            batch, weights = pruned.batch, pruned.weights
+            algorithm_state = {**state.algorithm_state, self.name: pruned.state}
+        return state.replace(
+            batch=batch,
+            sample_weights=weights,
+            key=key,
+            algorithm_state=algorithm_state,
+            time=t._replace(samples_forwarded=t.samples_forwarded + forwarded),
+        )
+
+    def __repr__(self) -> str:
+        how = f"policy={self.policy!r}" if self.policy is not None else f"keep={self.keep}"
+        return (
+            f"SelectiveBackprop(start={self.start}, end={self.end}, {how}, "
+            f"scale_factor={self.scale_factor}, interrupt={self.interrupt})"
+        )

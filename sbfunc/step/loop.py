@@ -1,0 +1,164 @@
+"""The loop helper: epoch-level events, elapsed time, progress and sample accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sized
+from typing import Any, NamedTuple
+
+from tqdm.auto import tqdm
+
+from sbfunc.engine import Event, State
+from sbfunc.step.train_step import StepMetrics, TrainStep
+
+__all__ = ["Duration", "FitResult", "fit"]
+
+Data = Iterable[Any] | Callable[[int], Iterable[Any]]
+
+
+class Duration(NamedTuple):
+    """Training length in epochs or in steps (exactly one of them).
+
+    Example:
+        >>> sbfunc.Duration(epochs=3).total_steps(steps_per_epoch=10)
+        30
+    """
+
+    epochs: int | None = None
+    steps: int | None = None
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Total optimizer steps for ``steps_per_epoch`` batches per epoch."""
+        if (self.epochs is None) == (self.steps is None):
+            raise ValueError(
+                "give exactly one of epochs or steps, "
+                f"got epochs={self.epochs}, steps={self.steps}"
+            )
+        value = self.epochs if self.epochs is not None else self.steps
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            which = "epochs" if self.epochs is not None else "steps"
+            raise ValueError(f"{which} must be an int >= 1, got {value!r}")
+        return self.steps if self.steps is not None else value * steps_per_epoch
+
+
+class FitResult(NamedTuple):
+    """What :func:`fit` returns.
+
+    Attributes:
+        state: the final train state.
+        history: one :class:`StepMetrics` per step run by this call.
+    """
+
+    state: State
+    history: list[StepMetrics]
+
+
+def _epoch_batches(data: Data, epoch: int) -> Iterable[Any]:
+    return data(epoch) if callable(data) else data
+
+
+def fit(
+    step: TrainStep,
+    state: State,
+    data: Data,
+    *,
+    epochs: int | None = None,
+    steps: int | None = None,
+    steps_per_epoch: int | None = None,
+    progress: bool = True,
+    log_every: int = 10,
+) -> FitResult:
+    """Run a training loop around a :class:`TrainStep`, firing the epoch-level events.
+
+    Fires ``INIT`` (only for a fresh state, ``time.step == 0``), ``FIT_START``, then per epoch
+    ``EPOCH_START``, the steps, ``EPOCH_END``, and finally ``FIT_END``, through the step's own
+    algorithms and passes. Before every step ``time.elapsed`` is set to
+    ``steps_done / total_steps`` (a fraction in [0, 1]); after every epoch ``time.epoch`` is
+    incremented and ``time.batch_in_epoch`` reset. A state loaded from a checkpoint resumes
+    where it stopped: finished epochs and the batches already seen in the current one are
+    skipped, so a resumed run equals an uninterrupted one when ``data`` is deterministic.
+
+    Selective methods change what progress means, so the progress bar and ``state.time``
+    report forward samples (scoring + training forwards) and backpropagated samples separately.
+    Reading the loss for the bar is a host sync; it happens every ``log_every`` steps only,
+    and never with ``progress=False``.
+
+    Args:
+        step: from :func:`sbfunc.make_train_step`.
+        state: initial (or resumed) state.
+        data: a re-iterable of batches with ``len`` (a list, a DataLoader) or a function
+            ``epoch -> iterable`` (for per-epoch shuffling from a key).
+        epochs: duration in epochs; or
+        steps: duration in steps.
+        steps_per_epoch: batches per epoch when ``data`` has no ``len``.
+        progress: show a tqdm progress bar.
+        log_every: steps between progress-bar loss updates.
+
+    Returns:
+        A :class:`FitResult`.
+
+    Example:
+        >>> import torchopt
+        >>> model = torch.nn.Linear(2, 2)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> params, buffers = sbfunc.split_module(model, clone=True)
+        >>> opt = torchopt.sgd(0.1)
+        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0),
+        ...                           opt_state=opt.init(params))
+        >>> data = [(torch.randn(4, 2), torch.randint(0, 2, (4,))) for _ in range(3)]
+        >>> result = sbfunc.fit(sbfunc.make_train_step(loss_fn, opt), state, data, epochs=2,
+        ...                     progress=False)
+        >>> result.state.time.step, result.state.time.epoch, result.state.time.elapsed
+        (6, 2, 1.0)
+
+    References:
+        MosaicML Composer ``Trainer.fit`` events and ``Time``.
+    """
+    if steps_per_epoch is None:
+        probe = _epoch_batches(data, 0)
+        if not isinstance(probe, Sized):
+            raise ValueError("data has no len(); pass steps_per_epoch")
+        steps_per_epoch = len(probe)
+    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
+        raise TypeError(f"steps_per_epoch must be an int, got {steps_per_epoch!r}")
+    if steps_per_epoch < 1:
+        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    total = Duration(epochs, steps).total_steps(steps_per_epoch)
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+
+    history: list[StepMetrics] = []
+    if state.time.step == 0:
+        state, _ = step.fire(Event.INIT, state)
+    state, _ = step.fire(Event.FIT_START, state)
+    bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
+    while state.time.step < total:
+        skip = state.time.batch_in_epoch
+        if skip == 0:  # a resumed state is mid-epoch: its EPOCH_START has fired already
+            state, _ = step.fire(Event.EPOCH_START, state)
+        ran = 0
+        for i, batch in enumerate(_epoch_batches(data, state.time.epoch)):
+            if i < skip:
+                continue
+            if state.time.step >= total or state.time.batch_in_epoch >= steps_per_epoch:
+                break
+            state = state.replace(time=state.time._replace(elapsed=state.time.step / total))
+            state, metrics = step(state, batch)
+            history.append(metrics)
+            ran += 1
+            bar.update(1)
+            if progress and state.time.step % log_every == 0:
+                bar.set_postfix(
+                    loss=f"{float(metrics.loss):.4f}",
+                    fwd=state.time.samples_forwarded,
+                    bwd=state.time.samples_backpropagated,
+                )
+        if ran == 0:
+            raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
+        if state.time.batch_in_epoch >= steps_per_epoch or state.time.step < total:
+            state, _ = step.fire(Event.EPOCH_END, state)
+            t = state.time
+            state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
+    bar.close()
+    state = state.replace(time=state.time._replace(elapsed=1.0))
+    state, _ = step.fire(Event.FIT_END, state)
+    return FitResult(state, history)
