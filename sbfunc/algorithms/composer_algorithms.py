@@ -101,8 +101,9 @@ class MixUp(Algorithm):
 class LabelSmoothing(Algorithm):
     """Smooth the targets on ``BEFORE_LOSS`` and restore them on ``AFTER_LOSS``.
 
-    The original targets wait in ``state.algorithm_state[name]`` between the two events (and
-    are ``None`` otherwise, so checkpoints between steps have a fixed structure). With the FILO
+    The original targets wait in ``state.algorithm_state[name]`` between the two events only
+    (the entry is absent between steps, so a checkpoint between steps has the structure of a
+    fresh :func:`sbfunc.init_state`). With the FILO
     order of the default passes, when several algorithms change targets on ``BEFORE_LOSS``,
     they restore them in reverse on ``AFTER_LOSS``.
 
@@ -125,9 +126,6 @@ class LabelSmoothing(Algorithm):
         self.num_classes = _check_classes(num_classes)
         self.target = _check_field("target", target)
 
-    def init(self, key: sbrandom.Key) -> None:
-        return None
-
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
@@ -140,10 +138,9 @@ class LabelSmoothing(Algorithm):
             return state.replace(
                 batch=replace(state.batch, self.target, smoothed), algorithm_state=stash
             )
-        original = stash.get(self.name)
+        original = stash.pop(self.name, None)
         if original is None:
             raise RuntimeError(f"{self.name}: AFTER_LOSS without the matching BEFORE_LOSS")
-        stash[self.name] = None
         return state.replace(
             batch=replace(state.batch, self.target, original), algorithm_state=stash
         )

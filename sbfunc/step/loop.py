@@ -66,6 +66,7 @@ def fit(
     steps_per_epoch: int | None = None,
     progress: bool = True,
     log_every: int = 10,
+    stop_after: int | None = None,
 ) -> FitResult:
     """Run a training loop around a :class:`TrainStep`, firing the epoch-level events.
 
@@ -92,6 +93,10 @@ def fit(
         steps_per_epoch: batches per epoch when ``data`` has no ``len``.
         progress: show a tqdm progress bar.
         log_every: steps between progress-bar loss updates.
+        stop_after: return once ``time.step`` reaches this value, before the end of the
+            duration (a preemption point): ``FIT_END`` does not fire and the returned state,
+            saved with :mod:`sbfunc.checkpoint` and passed to ``fit`` again with the same
+            duration, continues exactly as if never stopped.
 
     Returns:
         A :class:`FitResult`.
@@ -125,21 +130,29 @@ def fit(
     total = Duration(epochs, steps).total_steps(steps_per_epoch)
     if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
         raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+    limit = total
+    if stop_after is not None:
+        if isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1:
+            raise ValueError(f"stop_after must be an int >= 1, got {stop_after!r}")
+        limit = min(total, stop_after)
 
     history: list[StepMetrics] = []
     if state.time.step == 0:
         state, _ = step.fire(Event.INIT, state)
     state, _ = step.fire(Event.FIT_START, state)
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
-    while state.time.step < total:
+    while state.time.step < limit:
         skip = state.time.batch_in_epoch
         if skip == 0:  # a resumed state is mid-epoch: its EPOCH_START has fired already
             state, _ = step.fire(Event.EPOCH_START, state)
-        ran = 0
+        ran, stopped = 0, False
         for i, batch in enumerate(_epoch_batches(data, state.time.epoch)):
             if i < skip:
                 continue
-            if state.time.step >= total or state.time.batch_in_epoch >= steps_per_epoch:
+            if state.time.batch_in_epoch >= steps_per_epoch:
+                break
+            if state.time.step >= limit:
+                stopped = True
                 break
             state = state.replace(time=state.time._replace(elapsed=state.time.step / total))
             state, metrics = step(state, batch)
@@ -152,13 +165,18 @@ def fit(
                     fwd=state.time.samples_forwarded,
                     bwd=state.time.samples_backpropagated,
                 )
-        if ran == 0:
+        if ran == 0 and not stopped:
             raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
-        if state.time.batch_in_epoch >= steps_per_epoch or state.time.step < total:
+        mid_epoch = stopped or (
+            state.time.step >= limit and state.time.batch_in_epoch < steps_per_epoch
+        )
+        if not mid_epoch:  # the epoch ran out of batches or reached steps_per_epoch
             state, _ = step.fire(Event.EPOCH_END, state)
             t = state.time
             state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
     bar.close()
+    if state.time.step < total:  # stopped early: resume later with fit(...) again
+        return FitResult(state, history)
     state = state.replace(time=state.time._replace(elapsed=1.0))
     state, _ = step.fire(Event.FIT_END, state)
     return FitResult(state, history)

@@ -186,6 +186,9 @@ class TrainStep:
         )
         fire(Event.AFTER_TRAIN_BATCH)
         fire(Event.BATCH_END)
+        # The per-batch fields live for one step only: a state between steps has a fixed
+        # structure (so it checkpoints against a fresh template) and holds no batch tensors.
+        state = state.replace(batch=None, outputs=None, loss=None, sample_weights=None)
         return state, StepMetrics(loss.detach(), n_in, n_bwd, tuple(traces))
 
 
@@ -210,7 +213,10 @@ def make_train_step(
       params=params, inplace=False)`` and ``params + updates``.
 
     For a plain :data:`LossFn` the forward, loss and backward all run at the loss stage and
-    ``state.outputs`` stays ``None``. Nothing is mutated: buffers are copied before a
+    ``state.outputs`` stays ``None``. After ``BATCH_END`` the per-batch fields (``batch``,
+    ``outputs``, ``loss``, ``sample_weights``) are reset to ``None``: the state between steps
+    has the structure of a fresh :func:`sbfunc.init_state` (checkpoints load against one) and
+    the loss is reported in the metrics. Nothing is mutated: buffers are copied before a
     train-mode forward writes BatchNorm statistics, and the new state is returned.
 
     Args:

@@ -63,6 +63,7 @@ def test_step_matches_hand_written_autograd(bn):
     for name, b in model.named_buffers():  # train-mode BatchNorm statistics advanced
         torch.testing.assert_close(new_state.buffers[name], b)
     assert all(torch.equal(state.params[k], params[k]) for k in params)  # input untouched
+    assert new_state.batch is None and new_state.loss is None  # per-batch fields cleared
 
 
 def test_selective_backprop_gradients_equal_autograd_on_kept_rows():
@@ -129,9 +130,19 @@ def test_plain_loss_fn_fused_path_matches_staged():
     staged = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     fused = lambda p, b, batch: staged(p, b, batch)  # noqa: E731  (a plain LossFn)
     opt = torchopt.sgd(0.1)
-    s1, _ = sbfunc.make_train_step(staged, opt)(_state(params, buffers, opt), _data())
-    s2, _ = sbfunc.make_train_step(fused, opt)(_state(params, buffers, opt), _data())
-    assert s2.outputs is None and s1.outputs is not None
+    seen = []
+
+    class Outputs(sbfunc.Algorithm):
+        def match(self, event, state):
+            return event == sbfunc.Event.AFTER_FORWARD
+
+        def apply(self, event, state):
+            seen.append(state.outputs is not None)
+            return state
+
+    s1, _ = sbfunc.make_train_step(staged, opt, [Outputs()])(_state(params, buffers, opt), _data())
+    s2, _ = sbfunc.make_train_step(fused, opt, [Outputs()])(_state(params, buffers, opt), _data())
+    assert seen == [True, False]  # only the staged path has outputs after the forward
     for k in params:
         torch.testing.assert_close(s1.params[k], s2.params[k])
 

@@ -1,0 +1,176 @@
+import optree
+import pytest
+import torch
+import torch.nn.functional as F
+import torchopt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import sbfunc
+from sbfunc import random as sbrandom
+from sbfunc.testing import strategies as sbst
+
+common = settings(max_examples=30, deadline=None, derandomize=True)
+
+
+def _model_state(algorithms=(), elapsed=0.5, batch_in_epoch=1):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    state = sbfunc.init_state(params, buffers, key=sbrandom.key(0), algorithms=algorithms)
+    t = state.time._replace(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
+    return model, state.replace(time=t)
+
+
+def _dict_batch(n=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "x": torch.randn(n, 4, generator=g),
+        "y": torch.randint(0, 3, (n,), generator=g),
+        "id": torch.arange(n) + 100,
+        "meta": {"w": torch.rand(n, 2, generator=g)},
+    }
+
+
+def _loss(model):
+    return sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "msg"),
+    [
+        ({"keep": 0.0}, ValueError, "keep"),
+        ({"keep": 1.5}, ValueError, "keep"),
+        ({"start": 0.8, "end": 0.2}, ValueError, "end"),
+        ({"interrupt": 1}, ValueError, "interrupt"),
+        ({"scale_factor": 0.0}, ValueError, "scale_factor"),
+        ({"scale_factor": 2.0}, ValueError, "scale_factor"),
+        ({"select": 3}, TypeError, "select must be callable"),
+        ({"policy": "top_k"}, TypeError, "policy must be"),
+        ({"policy": sbfunc.policies.top_k_policy(0.5), "keep": 0.5}, ValueError, "leave keep"),
+        ({"ids": 1.5}, TypeError, "ids must be"),
+    ],
+)
+def test_validation_at_construction(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        sbfunc.SelectiveBackprop(loss_fn=lambda p, b, x: x, **kwargs)
+
+
+def test_loss_fn_must_be_callable():
+    with pytest.raises(TypeError, match="loss_fn"):
+        sbfunc.SelectiveBackprop(loss_fn=None)
+
+
+@common
+@given(st.floats(0.0, 1.0), st.integers(0, 20), st.sampled_from([0, 2, 3]))
+def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
+    sb = sbfunc.SelectiveBackprop(0.2, 0.7, 0.5, interrupt=interrupt, loss_fn=lambda p, b, x: x)
+    _, state = _model_state(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
+    expected = sbfunc.should_selective_backprop(elapsed, batch_in_epoch, 0.2, 0.7, interrupt)
+    assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) == expected
+    assert not sb.match(sbfunc.Event.BEFORE_FORWARD, state)
+
+
+@common
+@given(sbst.pytree_batches(), st.sampled_from([0.25, 0.5, 1.0]), st.integers(0, 2**31))
+def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
+    n = sbfunc.batch_size(batch)
+    scores = torch.linspace(0, 1, n)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep, interrupt=0, loss_fn=lambda p, b, x: scores)
+    state = sbfunc.init_state({}, {}, key=sbrandom.key(seed)).replace(batch=batch)
+    out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
+    idx = sbfunc.rank_power(scores, keep, key=sbrandom.split(state.key)[1]).indices
+    expected = sbfunc.take(batch, idx)
+    got, want = optree.tree_leaves(out.batch), optree.tree_leaves(expected)
+    assert len(got) == len(want)
+    assert all(
+        torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got, want, strict=True)
+    )
+    assert out.time.samples_forwarded == n
+    assert not torch.equal(out.key, state.key)  # the key advanced
+    assert state.batch is batch  # the input state is untouched
+
+
+def test_dict_batch_with_ids_and_policy_state_round_trip():
+    model, _ = _model_state()
+    policy = sbfunc.policies.loshchilov(10.0, 0.5, num_ids=200)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=_loss(model), policy=policy, ids="id"
+    )
+    _, state = _model_state([sb])
+    assert state.algorithm_state["SelectiveBackprop"] is not None
+    state = state.replace(batch=_dict_batch())
+    out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
+    n_kept = sbfunc.batch_size(out.batch)
+    assert n_kept == 4 and set(out.batch) == {"x", "y", "id", "meta"}
+    assert out.batch["meta"]["w"].shape == (4, 2)
+    assert (
+        out.algorithm_state["SelectiveBackprop"] is not state.algorithm_state["SelectiveBackprop"]
+    )
+
+
+def test_stale_sb_skips_scoring_of_fresh_rows():
+    calls = []
+
+    def loss_fn(params, buffers, batch):
+        calls.append(batch["x"].shape[0])
+        return batch["x"].sum(1)
+
+    policy = sbfunc.policies.stale_sb(1.0, num_ids=200, max_age=2)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id")
+    _, state = _model_state([sb])
+    state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
+    assert state.time.samples_forwarded == 8
+    state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
+    assert calls == [8] and state.time.samples_forwarded == 8  # cached: no forward
+
+
+def test_stale_sb_needs_ids():
+    policy = sbfunc.policies.stale_sb(1.0, num_ids=200)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=lambda p, b, x: x["x"].sum(1), policy=policy
+    )
+    _, state = _model_state([sb])
+    with pytest.raises(ValueError, match="ids"):
+        sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
+
+
+def test_weights_from_policy_reach_the_step():
+    model, _ = _model_state()
+    loss_fn = _loss(model)
+    policy = sbfunc.policies.grad_norm_importance(0.25, switch=False)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy)
+    seen = []
+
+    class Spy(sbfunc.Algorithm):
+        def match(self, event, state):
+            return event == sbfunc.Event.BEFORE_LOSS
+
+        def apply(self, event, state):
+            seen.append(state.sample_weights)
+            return state
+
+    opt = torchopt.sgd(0.1)
+    step = sbfunc.make_train_step(loss_fn, opt, [sb, Spy()])
+    _, state = _model_state([sb])
+    state = state.replace(opt_state=opt.init(state.params))
+    _, metrics = step(state, _dict_batch(16))
+    kept = metrics.samples_backpropagated
+    assert 1 <= kept <= 4 and seen[0].shape == (kept,)  # Horvitz-Thompson weights per kept row
+
+
+def test_scores_in_eval_mode_unless_asked():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9), nn.Linear(4, 3))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, loss_fn=loss_fn)
+    assert sb.loss_fn.train is False and loss_fn.train is True
+    composer_like = sbfunc.SelectiveBackprop(loss_fn=loss_fn, score_in_train_mode=True)
+    assert composer_like.loss_fn.train is True
+
+
+def test_repr_names_the_configuration():
+    sb = sbfunc.SelectiveBackprop(loss_fn=lambda p, b, x: x)
+    assert repr(sb) == (
+        "SelectiveBackprop(start=0.5, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2)"
+    )

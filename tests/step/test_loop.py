@@ -1,0 +1,128 @@
+import pytest
+import torch
+import torch.nn.functional as F
+import torchopt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sbfunc
+from sbfunc import random as sbrandom
+
+E = sbfunc.Event
+EPOCH_EVENTS = (E.INIT, E.FIT_START, E.EPOCH_START, E.EPOCH_END, E.FIT_END, E.BATCH_START)
+
+
+class Recorder(sbfunc.Algorithm):
+    def __init__(self):
+        self.seen = []
+
+    def match(self, event, state):
+        return event in EPOCH_EVENTS
+
+    def apply(self, event, state):
+        self.seen.append((event, state.time.epoch, state.time.elapsed))
+        return state
+
+
+def _setup(algorithms=()):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    opt = torchopt.sgd(0.1)
+    step = sbfunc.make_train_step(sbfunc.per_sample_loss(model, F.cross_entropy), opt, algorithms)
+    state = sbfunc.init_state(params, buffers, key=sbrandom.key(0), opt_state=opt.init(params))
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
+    return step, state, data
+
+
+def test_epoch_events_and_elapsed():
+    rec = Recorder()
+    step, state, data = _setup([rec])
+    result = sbfunc.fit(step, state, data, epochs=2, progress=False)
+    kinds = [e for e, _, _ in rec.seen]
+    assert kinds == [
+        E.INIT, E.FIT_START,
+        E.EPOCH_START, E.BATCH_START, E.BATCH_START, E.BATCH_START, E.EPOCH_END,
+        E.EPOCH_START, E.BATCH_START, E.BATCH_START, E.BATCH_START, E.EPOCH_END,
+        E.FIT_END,
+    ]  # fmt: skip
+    elapsed = [el for e, _, el in rec.seen if e == E.BATCH_START]
+    assert elapsed == [i / 6 for i in range(6)]
+    assert rec.seen[-1][2] == 1.0 and rec.seen[-2][1] == 1  # FIT_END at 1; 2nd EPOCH_END
+    t = result.state.time
+    assert (t.step, t.epoch, t.batch_in_epoch) == (6, 2, 0)
+    assert t.samples_forwarded == t.samples_backpropagated == 24
+    assert len(result.history) == 6
+
+
+def test_steps_duration_ends_mid_epoch():
+    rec = Recorder()
+    step, state, data = _setup([rec])
+    result = sbfunc.fit(step, state, data, steps=4, progress=False)
+    t = result.state.time
+    assert (t.step, t.epoch, t.batch_in_epoch) == (4, 1, 1)
+    assert [e for e, _, _ in rec.seen].count(E.EPOCH_END) == 1
+
+
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(st.integers(1, 8))
+def test_stop_and_resume_equals_one_run(stop):
+    step, state, data = _setup()
+    whole = sbfunc.fit(step, state, data, epochs=3, progress=False).state
+    part = sbfunc.fit(step, state, data, epochs=3, progress=False, stop_after=stop).state
+    assert part.time.step == stop and part.time.elapsed < 1.0
+    done = sbfunc.fit(step, part, data, epochs=3, progress=False).state
+    assert done.time == whole.time
+    assert all(torch.equal(done.params[k], whole.params[k]) for k in whole.params)
+
+
+def test_init_fires_only_on_a_fresh_state():
+    rec = Recorder()
+    step, state, data = _setup([rec])
+    part = sbfunc.fit(step, state, data, epochs=2, progress=False, stop_after=2).state
+    rec.seen.clear()
+    sbfunc.fit(step, part, data, epochs=2, progress=False)
+    kinds = [e for e, _, _ in rec.seen]
+    assert E.INIT not in kinds and kinds[:2] == [E.FIT_START, E.BATCH_START]
+
+
+def test_data_as_function_of_epoch_and_progress_bar(capsys):
+    step, state, _ = _setup()
+    x, y = torch.randn(12, 3), torch.randint(0, 2, (12,))
+
+    def data(epoch):
+        return sbfunc.datasets.batches(x, y, 4, key=sbrandom.fold_in(sbrandom.key(1), epoch))
+
+    result = sbfunc.fit(step, state, data, epochs=2, steps_per_epoch=3, log_every=1)
+    assert result.state.time.step == 6
+    assert "6/6" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "msg"),
+    [
+        ({}, ValueError, "exactly one of epochs or steps"),
+        ({"epochs": 1, "steps": 1}, ValueError, "exactly one of epochs or steps"),
+        ({"epochs": 0}, ValueError, "epochs must be an int >= 1"),
+        ({"steps": 2.5}, ValueError, "steps must be an int >= 1"),
+        ({"epochs": 1, "log_every": 0}, ValueError, "log_every"),
+        ({"epochs": 1, "stop_after": 0}, ValueError, "stop_after"),
+        ({"epochs": 1, "steps_per_epoch": 0}, ValueError, "steps_per_epoch must be >= 1"),
+    ],
+)
+def test_validation(kwargs, exc, msg):
+    step, state, data = _setup()
+    with pytest.raises(exc, match=msg):
+        sbfunc.fit(step, state, data, progress=False, **kwargs)
+
+
+def test_unsized_data_needs_steps_per_epoch():
+    step, state, data = _setup()
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        sbfunc.fit(step, state, iter(data), epochs=1, progress=False)
+
+
+def test_empty_data_is_an_error():
+    step, state, _ = _setup()
+    with pytest.raises(ValueError, match="no batches"):
+        sbfunc.fit(step, state, [], epochs=1, steps_per_epoch=1, progress=False)

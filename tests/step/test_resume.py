@@ -1,0 +1,60 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import optree
+import torch
+
+import sbfunc
+from tests.step import resume_job
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _assert_identical(a, b):
+    la, sa = optree.tree_flatten(a, none_is_leaf=True)
+    lb, sb = optree.tree_flatten(b, none_is_leaf=True)
+    assert sa == sb
+    for x, y in zip(la, lb, strict=True):
+        if torch.is_tensor(x):
+            assert x.dtype == y.dtype and torch.equal(x, y)
+        else:
+            assert x == y
+
+
+def test_resume_in_a_fresh_process_is_bit_for_bit(tmp_path):
+    total = resume_job.EPOCHS * resume_job.N // resume_job.BATCH
+    uninterrupted = resume_job.run()
+    assert uninterrupted.time.step == total
+    assert uninterrupted.time.samples_backpropagated < uninterrupted.time.samples_forwarded
+
+    half = total // 2 + 1  # mid-epoch, while Selective Backprop is active
+    first = resume_job.run(stop_after=half)
+    assert first.time.step == half and first.time.batch_in_epoch > 0
+    sbfunc.checkpoint.save(first, tmp_path / "half.pt")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.step.resume_job",
+            str(tmp_path / "half.pt"),
+            str(tmp_path / "final.pt"),
+            str(torch.get_num_threads()),
+        ],
+        cwd=ROOT,
+        check=True,
+    )
+    resumed = sbfunc.checkpoint.load(tmp_path / "final.pt", like=resume_job.template())
+    _assert_identical(resumed, uninterrupted)
+
+
+def test_checkpoint_refuses_a_state_of_another_structure(tmp_path):
+    state = resume_job.run(stop_after=2)
+    sbfunc.checkpoint.save(state, tmp_path / "s.pt")
+    other = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+    try:
+        sbfunc.checkpoint.load(tmp_path / "s.pt", like=other)
+    except ValueError as e:
+        assert "structure does not match" in str(e)
+    else:
+        raise AssertionError("a mismatched template must be refused")
