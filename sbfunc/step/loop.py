@@ -21,6 +21,9 @@ class Duration(NamedTuple):
     Example:
         >>> sbfunc.Duration(epochs=3).total_steps(steps_per_epoch=10)
         30
+
+    References:
+        MosaicML Composer ``Time`` and ``TimeUnit`` (durations in epochs or batches).
     """
 
     epochs: int | None = None
@@ -46,6 +49,14 @@ class FitResult(NamedTuple):
     Attributes:
         state: the final train state.
         history: one :class:`StepMetrics` per step run by this call.
+
+    Example:
+        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+        >>> sbfunc.FitResult(state, []).history
+        []
+
+    References:
+        MosaicML Composer ``Trainer.fit``.
     """
 
     state: State

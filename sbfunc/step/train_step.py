@@ -16,7 +16,7 @@ from sbfunc.passes import DEFAULT_PASSES
 
 __all__ = ["BATCH_EVENTS", "Optimizer", "StepMetrics", "TrainStep", "make_train_step"]
 
-BATCH_EVENTS: tuple[Event, ...] = (
+BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
     Event.AFTER_DATALOADER,
     Event.BATCH_START,
     Event.BEFORE_TRAIN_BATCH,
@@ -36,7 +36,20 @@ Pass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
 
 class Optimizer(Protocol):
     """An optax-style optimizer: ``init(params)`` and ``update(grads, state, *, params,
-    inplace)``, as torchopt's functional optimizers (``torchopt.sgd``, ``torchopt.adam``)."""
+    inplace)``, as torchopt's functional optimizers (``torchopt.sgd``, ``torchopt.adam``).
+
+    Example:
+        >>> import torchopt
+        >>> opt: sbfunc.Optimizer = torchopt.sgd(0.1)
+        >>> params = {"w": torch.ones(2)}
+        >>> updates, _ = opt.update({"w": torch.ones(2)}, opt.init(params), params=params,
+        ...                         inplace=False)
+        >>> updates["w"]
+        tensor([-0.1000, -0.1000])
+
+    References:
+        DeepMind optax ``GradientTransformation``; torchopt's functional optimizers.
+    """
 
     def init(self, params: Any) -> Any: ...
 
@@ -54,6 +67,14 @@ class StepMetrics(NamedTuple):
         samples_in_batch: rows the data loader delivered.
         samples_backpropagated: rows the gradient was computed on (after selection).
         traces: the engine's traces of every event of the step, in order.
+
+    Example:
+        >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, ())
+        >>> m.samples_backpropagated / m.samples_in_batch
+        0.5
+
+    References:
+        MosaicML Composer ``State`` (``batch``, ``loss``) and ``Trace``.
     """
 
     loss: torch.Tensor
@@ -69,8 +90,12 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     mean over the kept rows estimates the mean loss over the whole batch.
 
     Example:
-        >>> weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
+        >>> sbfunc.weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
         tensor(1.)
+
+    References:
+        Horvitz and Thompson 1952 (inverse-probability weights); Katharopoulos and Fleuret
+        2018, "Not All Samples Are Created Equal" (unbiased importance-sampled SGD).
     """
     if weights is None:
         return losses.mean()
@@ -90,7 +115,19 @@ class TrainStep:
     """``step(state, batch) -> (state, metrics)``; build it with :func:`make_train_step`.
 
     It also carries its ``algorithms`` and ``passes`` so the loop helper fires the epoch-level
-    events on the same list.
+    events on the same list (:meth:`fire`).
+
+    Example:
+        >>> import torchopt
+        >>> ce = torch.nn.functional.cross_entropy
+        >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
+        >>> step = sbfunc.make_train_step(loss_fn, torchopt.sgd(0.1))
+        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+        >>> step.fire(sbfunc.Event.INIT, state) == (state, ())  # no algorithm matches
+        True
+
+    References:
+        MosaicML Composer ``Engine`` and ``Trainer``.
     """
 
     def __init__(
