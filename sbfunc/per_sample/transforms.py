@@ -44,15 +44,7 @@ class PerSampleTransform(Protocol[T_co]):
     """The function a per-sample transform returns:
     ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> T``.
 
-    Args:
-        params: parameter dict (e.g. from :func:`sbfunc.split_module`); never modified.
-        buffers: buffer dict.
-        batch: any pytree batch of ``N`` samples.
-        subsampling: indices of the samples to use (1-D, unique, in ``[0, N)``), or ``None``.
-        chunk_size: at most this many samples per forward/backward, or ``None``.
-
-    Returns:
-        The transform's quantity for the ``S`` selected samples.
+    Its arguments and result are documented on :meth:`__call__`.
 
     Example:
         >>> from sbfunc.per_sample import batch_grad
@@ -73,7 +65,21 @@ class PerSampleTransform(Protocol[T_co]):
         *,
         subsampling: Sequence[int] | torch.Tensor | None = None,
         chunk_size: int | None = None,
-    ) -> T_co: ...
+    ) -> T_co:
+        """Compute the quantity for the selected samples.
+
+        Args:
+            params: parameter dict (e.g. from :func:`sbfunc.split_module`); never modified.
+            buffers: buffer dict.
+            batch: any pytree batch of ``N`` samples.
+            subsampling: indices of the samples to use (1-D, unique, in ``[0, N)``), or
+                ``None``.
+            chunk_size: at most this many samples per forward/backward, or ``None``.
+
+        Returns:
+            The transform's quantity for the ``S`` selected samples.
+        """
+        ...
 
 
 class SquaredNorms(NamedTuple):
