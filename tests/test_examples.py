@@ -1,0 +1,38 @@
+"""Every script in ``examples/`` runs to completion in its fast mode.
+
+Each runs in a fresh interpreter (``python examples/NAME.py --fast``), from a temporary
+working directory so that plots and checkpoints land there, with a non-interactive
+matplotlib backend and a time limit.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+TIMEOUT_S = 300  # the fast modes take seconds; this only stops a hung run
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs_fast(script, tmp_path):
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, str(script), "--fast"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert proc.returncode == 0, (
+        f"{script.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+def test_there_are_examples():
+    assert len(EXAMPLES) >= 2
