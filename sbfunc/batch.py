@@ -46,6 +46,10 @@ def batch_size(batch: Any) -> int:
     Example:
         >>> sbfunc.batch_size({"x": torch.zeros(4, 3), "y": torch.zeros(4), "name": "mnist"})
         4
+
+    References:
+        MosaicML Composer ``DataSpec.get_num_samples_in_batch`` (its default reads dim 0 of the
+        batch's tensors); optree ``tree_flatten_with_path``.
     """
     paths, leaves, _ = optree.tree_flatten_with_path(batch)
     sizes = {
@@ -89,6 +93,10 @@ def take(batch: Batch, indices: torch.Tensor) -> Batch:
         >>> batch = {"x": torch.arange(6.).reshape(3, 2), "y": torch.tensor([0, 1, 2])}
         >>> sbfunc.take(batch, torch.tensor([0, 2]))
         {'x': tensor([[0., 1.], [4., 5.]]), 'y': tensor([0, 2])}
+
+    References:
+        optree ``tree_map``; PyTorch ``torch.index_select``; MosaicML Composer
+        ``select_using_loss`` (which prunes ``input[idx]`` and ``target[idx]`` only).
     """
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"indices must be a 1-D integer tensor, got {type(indices).__name__}")
@@ -113,6 +121,9 @@ def extract(batch: Any, key: Field, what: str = "key") -> Any:
     Example:
         >>> sbfunc.extract({"image": 1, "label": 2}, "label")
         2
+
+    References:
+        MosaicML Composer ``composer.utils.batch_helpers.batch_get``.
     """
     if callable(key):
         return key(batch)
@@ -150,6 +161,10 @@ def replace(batch: Batch, key: int | str, value: Any) -> Batch:
     Example:
         >>> sbfunc.replace((1, 2), 1, 5), sbfunc.replace({"x": 1}, "x", 0)
         ((1, 5), {'x': 0})
+
+    References:
+        MosaicML Composer ``composer.utils.batch_helpers.batch_set`` (which sets lists and
+        dicts in place; this returns a copy).
     """
     extract(batch, key, "key")  # validates the key against the batch
     if isinstance(key, str):

@@ -22,7 +22,20 @@ __all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
 
 class Split(NamedTuple):
     """Train and test tensors: ``x_*`` are ``[N, 1, L]`` (mnist1d) or ``[N, 1, 8, 8]``
-    (digits) float32, ``y_*`` are ``[N]`` int64 labels."""
+    (digits) float32, ``y_*`` are ``[N]`` int64 labels.
+
+    Example:
+        >>> x, y = torch.zeros(10, 1, 4), torch.arange(10) % 2
+        >>> data = sbfunc.datasets.Split(x[:8], y[:8], x[8:], y[8:])
+        >>> data.x_train.shape, data.y_test
+        (torch.Size([8, 1, 4]), tensor([0, 1]))
+        >>> x_train, y_train, x_test, y_test = data
+
+    References:
+        Greydanus 2020, "Scaling down Deep Learning" (MNIST-1D's ``x``, ``y``, ``x_test``,
+        ``y_test``); scikit-learn ``train_test_split`` (which returns ``X_train, X_test,
+        y_train, y_test``, another order).
+    """
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -75,6 +88,10 @@ def digits(*, test_fraction: float = 0.2, key: sbrandom.Key | None = None) -> Sp
         >>> data = sbfunc.datasets.digits(key=sbfunc.random.key(0))  # doctest: +SKIP
         >>> data.x_train.shape  # doctest: +SKIP
         torch.Size([1438, 1, 8, 8])
+
+    References:
+        scikit-learn ``sklearn.datasets.load_digits``; Alpaydin and Kaynak 1998, "Optical
+        Recognition of Handwritten Digits" (UCI Machine Learning Repository).
     """
     ds = _require("sklearn.datasets").load_digits()
     x = torch.as_tensor(ds.images, dtype=torch.float32).unsqueeze(1) / 16.0
@@ -98,6 +115,11 @@ def with_label_noise(
         >>> noisy, flipped = sbfunc.datasets.with_label_noise(y, 0.2, 10, key=sbfunc.random.key(0))
         >>> int(flipped.sum()), bool((noisy[flipped] != 0).all())
         (200, True)
+
+    References:
+        Han et al. 2018, "Co-teaching: Robust Training of Deep Neural Networks with Extremely
+        Noisy Labels" (symmetric flipping to another class; here exactly
+        ``round(fraction * N)`` labels flip).
     """
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
@@ -119,6 +141,10 @@ def batches(
         >>> x, y = torch.randn(10, 3), torch.arange(10)
         >>> [b[2].shape[0] for b in sbfunc.datasets.batches(x, y, 4, key=sbfunc.random.key(0))]
         [4, 4]
+
+    References:
+        PyTorch ``DataLoader(shuffle=True, drop_last=...)`` (``drop_last=False`` by default
+        there); JAX ``jax.random.permutation`` (an epoch's order drawn from a key).
     """
     n = x.shape[0]
     perm = torch.argsort(sbrandom.uniform(key, (n,)))

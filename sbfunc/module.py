@@ -52,6 +52,10 @@ def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Par
         >>> params, buffers = sbfunc.split_module(torch.nn.BatchNorm1d(3))
         >>> sorted(params), sorted(buffers)
         (['bias', 'weight'], ['num_batches_tracked', 'running_mean', 'running_var'])
+
+    References:
+        PyTorch ``torch.func.functional_call`` and its per-sample-gradients tutorial
+        (``{k: v.detach() for k, v in model.named_parameters()}``).
     """
 
     def copy(t: torch.Tensor) -> torch.Tensor:
@@ -74,6 +78,10 @@ def reduce_per_sample(losses: torch.Tensor, n: int | None = None) -> torch.Tenso
     Example:
         >>> sbfunc.reduce_per_sample(torch.tensor([[1.0, 3.0], [2.0, 2.0]]))
         tensor([2., 2.])
+
+    References:
+        PyTorch losses with ``reduction='none'``; MosaicML Composer ``select_using_loss``
+        (which needs one loss per sample from ``loss_fun(..., reduction='none')``).
     """
     if not isinstance(losses, torch.Tensor) or losses.dim() == 0:
         raise ValueError(
@@ -187,6 +195,11 @@ class ModuleLoss:
         >>> out = loss_fn.forward(params, buffers, (torch.ones(3, 2), torch.zeros(3, 2)))
         >>> loss_fn.criterion(out, (torch.ones(3, 2), torch.zeros(3, 2))).shape
         torch.Size([3])
+
+    References:
+        MosaicML Composer ``ComposerModel.forward(batch)`` and ``ComposerModel.loss(outputs,
+        batch)``, with the ``AFTER_FORWARD``/``BEFORE_LOSS`` events between them; PyTorch
+        ``torch.func.functional_call``.
     """
 
     def __init__(

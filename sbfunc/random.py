@@ -80,6 +80,10 @@ def is_key(k: object) -> bool:
     Example:
         >>> sbfunc.random.is_key(sbfunc.random.key(3)), sbfunc.random.is_key(3)
         (True, False)
+
+    References:
+        JAX typed keys (JEP 9263), checked with
+        ``jnp.issubdtype(k.dtype, jax.dtypes.prng_key)``.
     """
     return (
         isinstance(k, torch.Tensor)
@@ -101,6 +105,10 @@ def key(seed: int) -> Key:
     Example:
         >>> bool(torch.equal(sbfunc.random.key(7), sbfunc.random.key(7)))
         True
+
+    References:
+        JAX ``jax.random.key``; Steele, Lea and Flood 2014, "Fast Splittable Pseudorandom
+        Number Generators" (the SplitMix64 finaliser).
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
@@ -114,6 +122,10 @@ def split(k: Key, num: int = 2) -> tuple[Key, ...]:
         >>> a, b, c = sbfunc.random.split(sbfunc.random.key(0), 3)
         >>> len({int(a), int(b), int(c)})
         3
+
+    References:
+        JAX ``jax.random.split``; Steele, Lea and Flood 2014, "Fast Splittable Pseudorandom
+        Number Generators" (SplitMix64).
     """
     if isinstance(num, bool) or not isinstance(num, int) or num < 1:
         raise ValueError(f"num must be an int >= 1, got {num!r}")
@@ -128,6 +140,9 @@ def fold_in(k: Key, data: int) -> Key:
         >>> k = sbfunc.random.key(0)
         >>> bool(torch.equal(sbfunc.random.fold_in(k, 1), sbfunc.random.fold_in(k, 2)))
         False
+
+    References:
+        JAX ``jax.random.fold_in``.
     """
     if isinstance(data, bool) or not isinstance(data, int):
         raise TypeError(f"data must be an int, got {type(data).__name__}")
@@ -141,6 +156,9 @@ def generator(k: Key, device: torch.device | str | None = None) -> torch.Generat
         >>> g = sbfunc.random.generator(sbfunc.random.key(0))
         >>> torch.rand(2, generator=g).shape
         torch.Size([2])
+
+    References:
+        PyTorch ``torch.Generator(device=...)`` and ``Generator.manual_seed``.
     """
     g = torch.Generator(device=torch.device("cpu") if device is None else torch.device(device))
     # manual_seed takes a non-negative int below 2**64.
@@ -161,6 +179,9 @@ def uniform(
         >>> u = sbfunc.random.uniform(sbfunc.random.key(0), (4,))
         >>> bool(((u >= 0) & (u < 1)).all())
         True
+
+    References:
+        JAX ``jax.random.uniform``; PyTorch ``torch.rand(..., generator=...)``.
     """
     dev = torch.device("cpu") if device is None else torch.device(device)
     return torch.rand(tuple(shape), generator=generator(k, dev), device=dev, dtype=dtype)
@@ -178,6 +199,10 @@ def bits(
         >>> b = sbfunc.random.bits(sbfunc.random.key(0), (4,))
         >>> b.dtype, bool(((b >= 0) & (b < 2**31)).all())
         (torch.int64, True)
+
+    References:
+        JAX ``jax.random.bits`` (full-width unsigned integers there; 31 bits in ``int64``
+        here); PyTorch ``torch.randint``.
     """
     dev = torch.device("cpu") if device is None else torch.device(device)
     return torch.randint(0, 2**31, tuple(shape), generator=generator(k, dev), device=dev)
@@ -195,6 +220,10 @@ def gumbel(
     Example:
         >>> sbfunc.random.gumbel(sbfunc.random.key(0), (2, 3)).shape
         torch.Size([2, 3])
+
+    References:
+        JAX ``jax.random.gumbel``; Vieira 2014, "Gumbel-max trick" (blog); Kool, van Hoof and
+        Welling 2019, "Stochastic Beams and Where to Find Them" (Gumbel-top-k).
     """
     return gumbel_from_uniform(uniform(k, shape, device=device, dtype=dtype))
 
@@ -205,5 +234,9 @@ def gumbel_from_uniform(u: torch.Tensor) -> torch.Tensor:
     Example:
         >>> sbfunc.random.gumbel_from_uniform(torch.tensor([0.5]))
         tensor([0.3665])
+
+    References:
+        Vieira 2014, "Gumbel-max trick" (blog); Maddison, Tarlow and Minka 2014, "A* Sampling"
+        (Gumbel noise as ``-log(-log(U))``, the inverse CDF).
     """
     return -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))

@@ -76,6 +76,10 @@ def soft_targets(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
     Example:
         >>> sbfunc.soft_targets(torch.tensor([1, 0]), 2)
         tensor([[0., 1.], [1., 0.]])
+
+    References:
+        PyTorch ``torch.nn.functional.one_hot``; MosaicML Composer
+        ``composer.loss.utils.ensure_targets_one_hot``.
     """
     if targets.dtype.is_floating_point:
         return targets

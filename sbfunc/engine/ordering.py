@@ -51,7 +51,26 @@ _FILO_EVENTS = frozenset(e for e in Event if e.value.startswith("after_"))
 
 
 class MultipleLossInterpolationWarning(UserWarning):
-    """Two or more algorithms that interpolate the loss matched the same event."""
+    """Two or more algorithms that interpolate the loss matched the same event.
+
+    Example:
+        >>> import warnings
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.passes import MultipleLossInterpolationWarning
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="a", interpolate_loss=True), Toy(name="b", interpolate_loss=True)]
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", MultipleLossInterpolationWarning)
+        ...     try:
+        ...         sbfunc.passes.warn_if_multiple_loss_interpolation(algs, Event.BEFORE_LOSS)
+        ...     except MultipleLossInterpolationWarning as w:
+        ...         print(w)
+        2 algorithms interpolate the loss on BEFORE_LOSS (a, b); ...
+
+    References:
+        MosaicML Composer ``warn_if_multiple_loss_interpolation`` (which warns with
+        ``NotIntendedUseWarning``); Python ``warnings.simplefilter(action, category)``.
+    """
 
 
 def _predicate(selector: Selector) -> Callable[[Any], Any]:

@@ -22,6 +22,18 @@ class Selection(NamedTuple):
             pruned batch keeps the original order), on the scores' device.
         weights: ``Tensor[k]`` of per-sample loss weights aligned with ``indices`` (importance
             weights of unbiased samplers), or ``None`` for an unweighted mean.
+
+    Example:
+        >>> sel = sbfunc.Selection(torch.tensor([0, 2]))
+        >>> sbfunc.take((torch.arange(3.0), torch.tensor([7, 8, 9])), sel.indices)
+        (tensor([0., 2.]), tensor([7, 9]))
+        >>> sel.weights is None
+        True
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        Katharopoulos and Fleuret 2018, "Not All Samples Are Created Equal: Deep Learning with
+        Importance Sampling" (importance weights).
     """
 
     indices: torch.Tensor
@@ -34,6 +46,10 @@ def check_keep(keep: float) -> float:
     Example:
         >>> sbfunc.check_keep(0.25)
         0.25
+
+    References:
+        MosaicML Composer ``SelectiveBackprop(keep=...)`` and ``select_using_loss`` (which
+        divide by zero at ``keep=0`` and fail in numpy above 1).
     """
     if isinstance(keep, bool) or not isinstance(keep, int | float):
         raise TypeError(f"keep must be a float in (0, 1], got {keep!r}")
@@ -55,6 +71,10 @@ def kept_count(n: int, keep: float) -> int:
     Example:
         >>> sbfunc.kept_count(100, 0.29), sbfunc.kept_count(1, 0.5), sbfunc.kept_count(7, 1.0)
         (29, 1, 7)
+
+    References:
+        MosaicML Composer ``select_using_loss`` (``int(keep * N)``, which can keep no row);
+        Python ``fractions.Fraction``.
     """
     keep = check_keep(keep)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -93,6 +113,11 @@ def ranks(
     Example:
         >>> sbfunc.ranks(torch.tensor([0.3, 0.1, 0.2]))
         tensor([2, 0, 1])
+
+    References:
+        MosaicML Composer ``select_using_loss`` (ascending ``argsort`` of the losses); SciPy
+        ``rankdata(method="ordinal")`` (1-based, ties by position, like no key here); Herf 2001,
+        "Radix Tricks" (the order-preserving float-to-integer bit map).
     """
     if scores.dim() != 1:
         raise ValueError(f"scores must be 1-D [N], got shape {tuple(scores.shape)}")

@@ -64,6 +64,10 @@ def rank_power_log_weights(rank: torch.Tensor, keep: float) -> torch.Tensor:
     Example:
         >>> sbfunc.rank_power_log_weights(torch.tensor([0, 1]), 0.5).exp()
         tensor([0.2500, 0.7500])
+
+    References:
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        MosaicML Composer ``select_using_loss`` (``percs ** (1/keep - 1)``).
     """
     n = rank.shape[0]
     return (1.0 / keep - 1.0) * torch.log((rank.to(torch.float32) + 0.5) / n)

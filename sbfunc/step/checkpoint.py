@@ -28,6 +28,10 @@ def to_state_dict(tree: Any) -> dict[str, Any]:
         >>> d = sbfunc.checkpoint.to_state_dict({"w": torch.ones(2), "step": 3})
         >>> d["leaves"], d["format"]
         ([3, tensor([1., 1.])], 'sbfunc.checkpoint/1')
+
+    References:
+        optree ``tree_flatten(none_is_leaf=True)``; Flax ``flax.serialization.to_state_dict``;
+        PyTorch ``torch.load(weights_only=True)``.
     """
     leaves, spec = optree.tree_flatten(tree, none_is_leaf=True)
     return {"format": _FORMAT, "structure": str(spec), "leaves": leaves}
@@ -44,6 +48,10 @@ def from_state_dict(d: dict[str, Any], like: T) -> T:
         >>> d = sbfunc.checkpoint.to_state_dict({"w": torch.ones(2), "step": 3})
         >>> sbfunc.checkpoint.from_state_dict(d, {"w": torch.zeros(2), "step": 0})
         {'w': tensor([1., 1.]), 'step': 3}
+
+    References:
+        optree ``tree_unflatten``; Flax ``flax.serialization.from_state_dict(target, state)``
+        (the template comes first there).
     """
     if not isinstance(d, dict) or d.get("format") != _FORMAT:
         raise ValueError(f"not an sbfunc checkpoint (expected format {_FORMAT!r})")
@@ -66,6 +74,9 @@ def save(tree: Any, f: str | os.PathLike[str] | BinaryIO) -> None:
         >>> _ = buf.seek(0)
         >>> sbfunc.checkpoint.load(buf, like={"w": torch.zeros(2)})
         {'w': tensor([1., 1.])}
+
+    References:
+        PyTorch ``torch.save`` and ``torch.load(weights_only=True)``.
     """
     torch.save(to_state_dict(tree), f)
 
@@ -83,6 +94,23 @@ def load(
         like: a template with the same structure (e.g. a freshly initialised state); its leaf
             values are ignored.
         map_location: passed to ``torch.load``.
+
+    Example:
+        >>> import io
+        >>> buf = io.BytesIO()
+        >>> sbfunc.checkpoint.save({"step": 7, "w": torch.ones(2)}, buf)
+        >>> _ = buf.seek(0)
+        >>> sbfunc.checkpoint.load(buf, like={"step": 0, "w": torch.zeros(2)})
+        {'step': 7, 'w': tensor([1., 1.])}
+        >>> _ = buf.seek(0)
+        >>> sbfunc.checkpoint.load(buf, like={"w": torch.zeros(2)})
+        Traceback (most recent call last):
+        ...
+        ValueError: checkpoint structure does not match the template `like`:...
+
+    References:
+        PyTorch ``torch.load(weights_only=True)``; Flax
+        ``flax.serialization.from_bytes(target, ...)`` (restores into a template).
     """
     d = torch.load(f, map_location=map_location, weights_only=True)
     return from_state_dict(d, like)
