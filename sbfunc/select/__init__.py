@@ -1,6 +1,6 @@
 """Select: pure functions from per-sample scores to kept indices, with explicit randomness."""
 
-from sbfunc.select.base import Selection, check_keep, kept_count, ranks
+from sbfunc.select.base import Selection, ascending_order, check_keep, kept_count, ranks
 from sbfunc.select.samplers import (
     gumbel_top_k,
     random_subset,
@@ -12,6 +12,7 @@ from sbfunc.select.samplers import (
 
 __all__ = [
     "Selection",
+    "ascending_order",
     "check_keep",
     "gumbel_top_k",
     "kept_count",

@@ -11,7 +11,7 @@ import torch
 
 from sbfunc import random as sbrandom
 
-__all__ = ["Selection", "check_keep", "kept_count", "ranks"]
+__all__ = ["Selection", "ascending_order", "check_keep", "kept_count", "ranks"]
 
 
 class Selection(NamedTuple):
@@ -89,7 +89,8 @@ def _kept_count(n: int, keep: float) -> int:
 
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
     """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0."""
-    bits = (scores.to(torch.float32) + 0.0).view(torch.int32)
+    x = scores.to(torch.float32) + 0.0
+    bits = torch.where(x.isnan(), 0x7FC00000, x.view(torch.int32))  # every NaN above +inf
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
 
 
@@ -106,7 +107,8 @@ def ranks(
 
     Ties are broken by random integers drawn from ``key`` (or given as ``tie_noise``, an int64
     ``Tensor[N]`` of i.i.d. values in ``[0, 2**31)``, see :func:`sbfunc.random.bits`); with
-    neither, by position (stable sort). For float32/16 scores one sort of a packed 64-bit
+    neither, by position (stable sort). NaN scores rank highest on every path. For float32/16
+    scores one sort of a packed 64-bit
     (score, noise) key does both jobs; other dtypes take a random permutation and a stable sort.
     Runs on the scores' device without a host sync.
 
@@ -124,13 +126,26 @@ def ranks(
     n = scores.shape[0]
     if key is not None:
         tie_noise = sbrandom.bits(key, (n,), device=scores.device)
-    if tie_noise is None:
-        order = torch.argsort(scores, stable=True)
-    elif scores.dtype in _EXACT_IN_FLOAT32:
-        order = torch.argsort(_monotone_int(scores) * 2**32 + tie_noise, stable=True)
-    else:
-        perm = torch.argsort(tie_noise, stable=True)
-        order = perm[torch.argsort(scores[perm], stable=True)]
+    order = ascending_order(scores, tie_noise)
     out = torch.empty_like(order)
     out[order] = torch.arange(n, device=scores.device)
     return out
+
+
+def ascending_order(scores: torch.Tensor, tie_noise: torch.Tensor | None) -> torch.Tensor:
+    """The permutation that sorts ``scores`` ascending, ties broken by ``tie_noise`` (by
+    position when ``None``); NaN scores come last. :func:`ranks` is its inverse permutation.
+
+    Example:
+        >>> sbfunc.select.ascending_order(torch.tensor([0.3, 0.1, 0.2]), None)
+        tensor([1, 2, 0])
+
+    References:
+        Herf 2001, "Radix Tricks" (the order-preserving float-to-integer bit map).
+    """
+    if tie_noise is None:
+        return torch.argsort(scores, stable=True)
+    if scores.dtype in _EXACT_IN_FLOAT32:  # one sort of a packed (score, noise) int64 key
+        return torch.argsort(_monotone_int(scores) * 2**32 + tie_noise, stable=True)
+    perm = torch.argsort(tie_noise, stable=True)
+    return perm[torch.argsort(scores[perm], stable=True)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.select.base import Selection, check_keep, kept_count, ranks
+from sbfunc.select.base import Selection, ascending_order, check_keep, kept_count
 
 __all__ = [
     "gumbel_top_k",
@@ -30,8 +30,14 @@ def _check_scores(scores: torch.Tensor) -> int:
     return scores.shape[0]
 
 
-def _sorted(indices: torch.Tensor) -> torch.Tensor:
-    return torch.sort(indices).values
+def _sorted(indices: torch.Tensor, n: int) -> torch.Tensor:
+    """Unique indices into ``[0, n)`` in ascending order: a mask and its nonzero entries, which
+    is cheaper than a sort (on CUDA ``nonzero_static``, as ``nonzero`` would sync)."""
+    mask = torch.zeros(n, dtype=torch.bool, device=indices.device)
+    mask[indices] = True
+    if mask.is_cuda:
+        return torch.nonzero_static(mask, size=indices.shape[0]).reshape(-1)
+    return mask.nonzero().reshape(-1)
 
 
 def gumbel_top_k(log_weights: torch.Tensor, k: int, gumbel: torch.Tensor) -> torch.Tensor:
@@ -55,7 +61,7 @@ def gumbel_top_k(log_weights: torch.Tensor, k: int, gumbel: torch.Tensor) -> tor
     References:
         Kool, van Hoof and Welling 2019, "Stochastic Beams and Where to Find Them".
     """
-    return _sorted(torch.topk(log_weights + gumbel, k, sorted=False).indices)
+    return _sorted(torch.topk(log_weights + gumbel, k, sorted=False).indices, gumbel.shape[0])
 
 
 def rank_power_log_weights(rank: torch.Tensor, keep: float) -> torch.Tensor:
@@ -92,7 +98,7 @@ def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selec
 
     Example:
         >>> losses = torch.tensor([0.1, 2.0, 0.3, 5.0])
-        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(1)).indices
+        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(2)).indices
         tensor([1, 3])
 
     References:
@@ -120,8 +126,12 @@ def rank_power_indices(
     dev = scores.device
     tie_noise = torch.randint(0, 2**31, (n,), generator=generator, device=dev)
     u = torch.rand(n, generator=generator, device=dev)
-    log_w = rank_power_log_weights(ranks(scores, tie_noise=tie_noise), keep)
-    return gumbel_top_k(log_w, k, sbrandom.gumbel_from_uniform(u))
+    # In sorted order position j has rank j: draw positions there (the Gumbel noise is i.i.d.,
+    # so which row carries which draw does not change the law) and map them back.
+    order = ascending_order(scores, tie_noise)
+    log_w = rank_power_log_weights(torch.arange(n, device=dev), keep)
+    positions = torch.topk(log_w + sbrandom.gumbel_from_uniform(u), k, sorted=False).indices
+    return _sorted(order[positions], n)
 
 
 def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None) -> Selection:
@@ -143,8 +153,9 @@ def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None)
     """
     n = _check_scores(scores)
     k = kept_count(n, check_keep(keep))
-    rank = ranks(-scores, key=key)  # rank 0 = highest score
-    return Selection(_sorted(torch.topk(-rank, k, sorted=False).indices))
+    tie_noise = None if key is None else sbrandom.bits(key, (n,), device=scores.device)
+    order = ascending_order(-scores, tie_noise)  # highest score first
+    return Selection(_sorted(order[:k], n))
 
 
 def random_subset(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selection:
@@ -161,4 +172,4 @@ def random_subset(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Se
     n = _check_scores(scores)
     k = kept_count(n, check_keep(keep))
     u = sbrandom.uniform(key, (n,), device=scores.device)
-    return Selection(_sorted(torch.topk(u, k, sorted=False).indices))
+    return Selection(_sorted(torch.topk(u, k, sorted=False).indices, n))
