@@ -102,8 +102,8 @@ def take(batch: Batch, indices: torch.Tensor) -> Batch:
         raise TypeError(f"indices must be a 1-D integer tensor, got {type(indices).__name__}")
     if indices.dim() != 1:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
-    if indices.dtype.is_floating_point or indices.dtype.is_complex or indices.dtype == torch.bool:
-        raise TypeError(f"indices must have an integer dtype, got {indices.dtype}")
+    if indices.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"indices must have an integer dtype (int64, int32), got {indices.dtype}")
     batch_size(batch)  # validates the leading dimensions, raising a clear error
     pruned = optree.tree_map(
         lambda leaf: (
@@ -115,8 +115,8 @@ def take(batch: Batch, indices: torch.Tensor) -> Batch:
 
 
 def extract(batch: Any, key: Field, what: str = "key") -> Any:
-    """Read one field of a batch: an ``int`` indexes a tuple/list, a ``str`` a mapping, and a
-    callable is applied to the batch.
+    """Read one field of a batch: an ``int`` indexes a tuple/list, a ``str`` a mapping (or names
+    a namedtuple field), and a callable is applied to the batch.
 
     Example:
         >>> sbfunc.extract({"image": 1, "label": 2}, "label")
@@ -139,6 +139,8 @@ def extract(batch: Any, key: Field, what: str = "key") -> Any:
             raise IndexError(f"{what}={key} is out of range for a batch of {len(batch)} fields")
         return batch[key]
     if isinstance(key, str):
+        if hasattr(batch, "_fields") and key in batch._fields:
+            return getattr(batch, key)
         if not isinstance(batch, Mapping):
             raise TypeError(
                 f"{what}={key!r} indexes a dict batch, but the batch is a "
@@ -155,8 +157,8 @@ def extract(batch: Any, key: Field, what: str = "key") -> Any:
 def replace(batch: Batch, key: int | str, value: Any) -> Batch:
     """A copy of ``batch`` with one top-level field replaced; the input is not modified.
 
-    ``key`` is an int for tuples, lists and namedtuples (the type is kept) or a str for
-    mappings (a ``dict`` copy is returned for any mapping).
+    ``key`` is an int for tuples, lists and namedtuples (the type is kept), a str for
+    mappings (a ``dict`` copy is returned for any mapping) or a field name of a namedtuple.
 
     Example:
         >>> sbfunc.replace((1, 2), 1, 5), sbfunc.replace({"x": 1}, "x", 0)
@@ -166,6 +168,12 @@ def replace(batch: Batch, key: int | str, value: Any) -> Batch:
         MosaicML Composer ``composer.utils.batch_helpers.batch_set`` (which sets lists and
         dicts in place; this returns a copy).
     """
+    if callable(key) or isinstance(key, bool) or not isinstance(key, int | str):
+        raise TypeError(f"key must be an int or str field to replace, got {key!r}")
+    if isinstance(key, str) and hasattr(batch, "_fields"):  # namedtuple field by name
+        if key not in batch._fields:
+            raise KeyError(f"key {key!r} is not a field of {type(batch).__name__}")
+        return batch._replace(**{key: value})  # type: ignore[attr-defined]
     extract(batch, key, "key")  # validates the key against the batch
     if isinstance(key, str):
         return {**batch, key: value}  # type: ignore[dict-item, return-value]

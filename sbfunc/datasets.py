@@ -93,6 +93,8 @@ def digits(*, test_fraction: float = 0.2, key: sbrandom.Key | None = None) -> Sp
         scikit-learn ``sklearn.datasets.load_digits``; Alpaydin and Kaynak 1998, "Optical
         Recognition of Handwritten Digits" (UCI Machine Learning Repository).
     """
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     ds = _require("sklearn.datasets").load_digits()
     x = torch.as_tensor(ds.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.as_tensor(ds.target, dtype=torch.int64)
@@ -123,11 +125,13 @@ def with_label_noise(
     """
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"num_classes must be an int >= 2 to flip labels, got {num_classes!r}")
     k1, k2 = sbrandom.split(key)
     n = y.shape[0]
-    flip = torch.zeros(n, dtype=torch.bool)
-    flip[torch.argsort(sbrandom.uniform(k1, (n,)))[: round(fraction * n)]] = True
-    shift = 1 + (sbrandom.uniform(k2, (n,)) * (num_classes - 1)).long()
+    flip = torch.zeros(n, dtype=torch.bool, device=y.device)
+    flip[torch.argsort(sbrandom.uniform(k1, (n,), device=y.device))[: round(fraction * n)]] = True
+    shift = 1 + (sbrandom.uniform(k2, (n,), device=y.device) * (num_classes - 1)).long()
     noisy = torch.where(flip, (y + shift) % num_classes, y)
     return noisy, flip
 
@@ -146,6 +150,8 @@ def batches(
         PyTorch ``DataLoader(shuffle=True, drop_last=...)`` (``drop_last=False`` by default
         there); JAX ``jax.random.permutation`` (an epoch's order drawn from a key).
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
     n = x.shape[0]
     perm = torch.argsort(sbrandom.uniform(key, (n,)))
     stop = n - n % batch_size if drop_last else n

@@ -110,3 +110,25 @@ def test_extract_and_replace():
         sbfunc.extract({"a": 1}, 0)
     with pytest.raises(TypeError, match="pass an int index"):
         sbfunc.extract((1,), "a")
+
+
+def test_namedtuple_fields_by_name():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "x y")
+    b = Pair(torch.ones(2), torch.zeros(2))
+    assert sbfunc.extract(b, "y") is b.y
+    assert sbfunc.replace(b, "y", 3) == Pair(b.x, 3)
+    with pytest.raises(KeyError, match="not a field of Pair"):
+        sbfunc.replace(b, "z", 3)
+
+
+@pytest.mark.parametrize("key", [lambda b: b[0], True, 1.0])
+def test_replace_refuses_keys_it_cannot_write(key):
+    with pytest.raises(TypeError, match="key must be an int or str field"):
+        sbfunc.replace((1, 2), key, 0)
+
+
+def test_take_refuses_small_integer_dtypes():
+    with pytest.raises(TypeError, match="int64, int32"):
+        sbfunc.take((torch.ones(3),), torch.tensor([0], dtype=torch.uint8))

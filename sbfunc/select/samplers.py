@@ -75,6 +75,7 @@ def rank_power_log_weights(rank: torch.Tensor, keep: float) -> torch.Tensor:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
         MosaicML Composer ``select_using_loss`` (``percs ** (1/keep - 1)``).
     """
+    check_keep(keep)
     n = rank.shape[0]
     return (1.0 / keep - 1.0) * torch.log((rank.to(torch.float32) + 0.5) / n)
 
