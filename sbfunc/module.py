@@ -37,7 +37,9 @@ class LossFn(Protocol):
 
 
 def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Params]:
-    """Split a module into detached ``params`` and ``buffers`` dicts (names as in ``state_dict``).
+    """Split a module into detached ``params`` and ``buffers`` dicts, keyed by
+    ``named_parameters()`` / ``named_buffers()`` names (a tied weight appears once; buffers
+    registered with ``persistent=False`` are included), as ``functional_call`` expects.
 
     Args:
         module: any ``nn.Module``.
