@@ -11,11 +11,21 @@ from sbfunc.batch import Field, batch_size, extract, take
 from sbfunc.compat.composer import check_window, should_selective_backprop
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.module import LossFn, ModuleLoss
-from sbfunc.policies import Policy, StaleState, apply_policy, stale_scores
+from sbfunc.policies import (
+    Policy,
+    Queue,
+    StaleState,
+    apply_policy,
+    dequeue,
+    empty_queue,
+    enqueue,
+    stale_scores,
+)
 from sbfunc.score import check_scale_factor, score_losses
 from sbfunc.select import Selection, check_keep, rank_power
 
 __all__ = ["SelectiveBackprop"]
+
 
 SelectFn = Callable[..., Selection]
 
@@ -37,6 +47,11 @@ class SelectiveBackprop(Algorithm):
     batch field ``ids``; with :func:`~sbfunc.policies.stale_sb` only the rows whose cached
     loss is stale are scored.
 
+    With ``refill`` (an example batch: its structure and its number of rows ``b``), the kept
+    rows wait in a FIFO queue (:class:`sbfunc.policies.Queue`) and the batch becomes the ``b``
+    oldest queued rows once ``b`` are queued, else zero rows: the step then makes no update
+    (Jiang et al.'s fixed-size backprop batches; the state is ``(policy_state, queue)``).
+
     The default passes keep it first on ``AFTER_DATALOADER``, so it scores the raw batch before
     augmentations (CutOut, MixUp) touch it, and those only see the kept rows.
 
@@ -56,6 +71,8 @@ class SelectiveBackprop(Algorithm):
             :func:`sbfunc.rank_power`; e.g. :func:`sbfunc.top_k`, :func:`sbfunc.random_subset`.
         policy: a :class:`sbfunc.policies.Policy` instead of ``keep`` and ``select``.
         ids: where the int64 sample ids sit in the batch (for per-id policies).
+        refill: an example batch to queue kept rows into full batches of its size (see
+            above); selections with weights cannot be queued and raise ``ValueError``.
         input: where the input sits in the batch (for downsampling).
         score_in_train_mode: see ``loss_fn``.
         name: the name in traces and ``state.algorithm_state``.
@@ -103,6 +120,7 @@ class SelectiveBackprop(Algorithm):
         select: SelectFn | None = None,
         policy: Policy | None = None,
         ids: Field | None = None,
+        refill: Any = None,
         input: Field = 0,
         score_in_train_mode: bool = False,
         name: str | None = None,
@@ -129,12 +147,16 @@ class SelectiveBackprop(Algorithm):
             raise TypeError(f"ids must be an int or str batch field, got {ids!r}")
         self.loss_fn, self.select = loss_fn, rank_power if select is None else select
         self.ids, self.input = ids, input
+        self.refill = None if refill is None else empty_queue(refill)  # validates the example
+        self.refill_size = 0 if refill is None else batch_size(refill)
         if name is not None:
             self.name = name
 
     def init(self, key: sbrandom.Key) -> Any:
-        """The policy's initial state (``None`` without a policy)."""
-        return None if self.policy is None else self.policy.init()
+        """The policy's initial state (``None`` without a policy), paired with an empty queue
+        with ``refill``."""
+        policy_state = None if self.policy is None else self.policy.init()
+        return policy_state if self.refill is None else (policy_state, self.refill)
 
     def match(self, event: Event, state: State) -> bool:
         if event != Event.AFTER_DATALOADER:
@@ -156,13 +178,13 @@ class SelectiveBackprop(Algorithm):
             input=self.input,
         )
         t = state.time
+        own: Any = state.algorithm_state.get(self.name)
+        policy_state, queue = (own, None) if self.refill is None else own
         if self.policy is None:
             forwarded = batch_size(batch)
             selection = self.select(score(batch), self.keep, key=sub)
             batch, weights = take(batch, selection.indices), selection.weights
-            algorithm_state = state.algorithm_state
         else:
-            policy_state = state.algorithm_state[self.name]
             if isinstance(policy_state, StaleState):
                 ids = extract(batch, self.ids, "ids") if self.ids is not None else None
                 if ids is None:
@@ -180,8 +202,14 @@ class SelectiveBackprop(Algorithm):
                 epoch=t.epoch,
                 elapsed=t.elapsed,
             )
-            batch, weights = pruned.batch, pruned.weights
-            algorithm_state = {**state.algorithm_state, self.name: pruned.state}
+            batch, weights, policy_state = pruned.batch, pruned.weights, pruned.state
+        own = policy_state
+        if queue is not None:
+            batch, queue = self._refill(queue, batch, weights)
+            weights, own = None, (policy_state, queue)
+        algorithm_state = state.algorithm_state
+        if self.policy is not None or queue is not None:
+            algorithm_state = {**algorithm_state, self.name: own}
         return state.replace(
             batch=batch,
             sample_weights=weights,
@@ -189,6 +217,15 @@ class SelectiveBackprop(Algorithm):
             algorithm_state=algorithm_state,
             time=t._replace(samples_forwarded=t.samples_forwarded + forwarded),
         )
+
+    def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:
+        if weights is not None:
+            raise ValueError(
+                f"{self.name}: refill cannot queue weighted selections; use a policy without "
+                "weights (e.g. jiang_cdf(beta) with reweight=False)"
+            )
+        full, queue = dequeue(enqueue(queue, kept), self.refill_size)
+        return (empty_queue(kept).rows if full is None else full), queue  # 0 rows: no update
 
     def __repr__(self) -> str:
         how = f"policy={self.policy!r}" if self.policy is not None else f"keep={self.keep}"

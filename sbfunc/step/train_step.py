@@ -107,6 +107,12 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     return (weights.to(losses.dtype) * losses).mean()
 
 
+def _end_of_batch(state: State) -> State:
+    # The per-batch fields live for one step only: a state between steps has a fixed
+    # structure (so it checkpoints against a fresh template) and holds no batch tensors.
+    return state.replace(batch=None, outputs=None, loss=None, sample_weights=None)
+
+
 def _fresh(buffers: Params) -> Params:
     return {k: v.clone() for k, v in buffers.items()}
 
@@ -158,6 +164,8 @@ class TrainStep:
 
         for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
             fire(event)
+        if batch_size(state.batch) == 0:  # every row is queued for later (refill): no update
+            return self._no_update(state, n_in, traces)
         # Train-mode BatchNorm writes its statistics into the buffers in place: give it fresh
         # copies made inside the transform (mutating captured tensors is refused there) and
         # return them as aux, so the caller's buffers are never written.
@@ -223,10 +231,21 @@ class TrainStep:
         )
         fire(Event.AFTER_TRAIN_BATCH)
         fire(Event.BATCH_END)
-        # The per-batch fields live for one step only: a state between steps has a fixed
-        # structure (so it checkpoints against a fresh template) and holds no batch tensors.
-        state = state.replace(batch=None, outputs=None, loss=None, sample_weights=None)
+        state = _end_of_batch(state)
         return state, StepMetrics(loss.detach(), n_in, n_bwd, tuple(traces))
+
+    def _no_update(
+        self, state: State, n_in: int, traces: list[Trace]
+    ) -> tuple[State, StepMetrics]:
+        t = state.time
+        state = state.replace(
+            time=t._replace(step=t.step + 1, batch_in_epoch=t.batch_in_epoch + 1)
+        )
+        state, tr = self.fire(Event.BATCH_END, state)
+        traces.extend(tr)
+        state = _end_of_batch(state)
+        nan = torch.full((), torch.nan)
+        return state, StepMetrics(nan, n_in, 0, tuple(traces))
 
 
 def make_train_step(
@@ -253,7 +272,13 @@ def make_train_step(
     ``state.outputs`` stays ``None``. After ``BATCH_END`` the per-batch fields (``batch``,
     ``outputs``, ``loss``, ``sample_weights``) are reset to ``None``: the state between steps
     has the structure of a fresh :func:`sbfunc.init_state` (checkpoints load against one) and
-    the loss is reported in the metrics. Nothing is mutated: buffers are copied before a
+    the loss is reported in the metrics.
+
+    A batch left with **zero rows** after ``BEFORE_FORWARD`` (Selective Backprop with
+    ``refill`` queues its kept rows until a full batch is ready) makes no update: only
+    ``BATCH_END`` fires, the loader batch still counts in ``time.step`` and
+    ``time.batch_in_epoch`` (so durations stay in loader batches), and the metrics report a
+    NaN loss and 0 backpropagated rows. Nothing is mutated: buffers are copied before a
     train-mode forward writes BatchNorm statistics, and the new state is returned.
 
     Args:

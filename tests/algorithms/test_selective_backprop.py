@@ -174,3 +174,75 @@ def test_repr_names_the_configuration():
     assert repr(sb) == (
         "SelectiveBackprop(start=0.5, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2)"
     )
+
+
+def _refill_run(policy, steps=6, n=8):
+    """SB with refill on batches of n rows with ids; returns the step metrics and the ids of
+    the rows each update trained on."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    trained = []
+
+    class Spy(sbfunc.Algorithm):
+        def match(self, event, state):
+            return event == sbfunc.Event.BEFORE_LOSS
+
+        def apply(self, event, state):
+            trained.append(state.batch["id"].tolist())
+            return state
+
+    loss_fn = _loss(model)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id", refill=_dict_batch(n)
+    )
+    opt = torchopt.sgd(0.1)
+    step = sbfunc.make_train_step(loss_fn, opt, [sb, Spy()])
+    state = sbfunc.init_state(
+        params, buffers, key=sbrandom.key(3), opt_state=opt.init(params), algorithms=[sb]
+    )
+    history = []
+    for i in range(steps):
+        batch = _dict_batch(n, seed=i)
+        batch["id"] = torch.arange(n) + n * i
+        state, metrics = step(state, batch)
+        history.append(metrics)
+    return state, history, trained
+
+
+def test_refill_trains_on_full_batches_in_arrival_order():
+    state, history, trained = _refill_run(sbfunc.policies.top_k_policy(0.5))
+    # top-k keeps 4 of 8 rows: every other step has a full batch of 8 queued rows.
+    assert [m.samples_backpropagated for m in history] == [0, 8, 0, 8, 0, 8]
+    assert all(torch.isnan(m.loss) for m in history[::2])
+    assert state.time.step == 6 and state.time.samples_backpropagated == 24
+    flat = [i for ids in trained for i in ids]
+    assert len(flat) == len(set(flat)) == 24  # never dropped or duplicated
+    assert [i // 8 for i in flat] == sorted(i // 8 for i in flat)  # FIFO across batches
+    _, queue = state.algorithm_state["SelectiveBackprop"]
+    assert sbfunc.batch_size(queue.rows) == 0
+
+
+def test_refill_with_variable_count_policy_keeps_every_selected_row():
+    state, history, trained = _refill_run(sbfunc.policies.jiang_cdf(1.0), steps=10)
+    _, queue = state.algorithm_state["SelectiveBackprop"]
+    backpropagated = sum(m.samples_backpropagated for m in history)
+    assert all(m.samples_backpropagated in (0, 8) for m in history)
+    assert backpropagated == 8 * len(trained)
+    flat = [i for ids in trained for i in ids] + queue.rows["id"].tolist()
+    assert len(flat) == len(set(flat))  # every kept row once: trained or still queued
+
+
+def test_refill_state_checkpoints(tmp_path):
+    state, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=3)
+    _, queue = state.algorithm_state["SelectiveBackprop"]
+    assert sbfunc.batch_size(queue.rows) == 4  # mid-refill
+    sbfunc.checkpoint.save(state, tmp_path / "s.pt")
+    fresh, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=0)
+    loaded = sbfunc.checkpoint.load(tmp_path / "s.pt", like=fresh)
+    assert torch.equal(loaded.algorithm_state["SelectiveBackprop"][1].rows["x"], queue.rows["x"])
+
+
+def test_refill_refuses_weighted_selections():
+    with pytest.raises(ValueError, match="refill cannot queue weighted selections"):
+        _refill_run(sbfunc.policies.jiang_cdf(1.0, reweight=True), steps=1)
