@@ -25,8 +25,11 @@ class Toy(Algorithm):
         events: the events it matches (``None``: every event).
         name: its name (default ``"Toy"``).
         exit_code: the exit code ``apply`` reports (``None``: returns a bare state).
-        backwards_create_graph, find_unused_parameters, interpolate_loss, selects_samples,
-            fuses_layernorm: the declared flags, for this instance.
+        backwards_create_graph: the declared flag, for this instance.
+        find_unused_parameters: the declared flag, for this instance.
+        interpolate_loss: the declared flag, for this instance.
+        selects_samples: the declared flag, for this instance.
+        fuses_layernorm: the declared flag, for this instance.
 
     Raises:
         TypeError: if an event is not an ``Event``.
