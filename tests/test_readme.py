@@ -59,10 +59,8 @@ def test_readme_quickstart(tmp_path, monkeypatch):
     assert (tmp_path / "state.pt").exists()
 
 
-@pytest.mark.parametrize("page", PAGES[1:], ids=page_id)
+@pytest.mark.parametrize("page", [p for p in PAGES[1:] if python_blocks(p)], ids=page_id)
 def test_docs_python_blocks_run(page, tmp_path, monkeypatch):
-    if not python_blocks(page):
-        pytest.skip("no python blocks")
     monkeypatch.chdir(tmp_path)
     run_page(page, tmp_path)
 
