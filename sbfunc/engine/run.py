@@ -111,8 +111,9 @@ def run_event(
     if not matched:  # nothing to order or apply: the passes only see matched algorithms
         return state, ()
     ordered = matched
-    for p in passes:
-        ordered = p(ordered, event)
+    if len(matched) > 1 or passes is not DEFAULT_PASSES:  # the defaults only reorder
+        for p in passes:
+            ordered = p(ordered, event)
     labels = _labelled(algorithms, ordered)
     traces = []
     for order, alg in enumerate(ordered):
