@@ -142,6 +142,13 @@ def main() -> None:
             f"{name:<20}{r['accuracy']:>10.3f}{r['wall']:>10.1f}"
             f"{r['forwarded']:>11,d}{r['backpropagated']:>10,d}"
         )
+    print(
+        "\nSelective backprop trains on fewer rows for the same epochs; whether that saves wall\n"
+        "time depends on how much of a step the backward is. On a CNN this small the scoring\n"
+        "forward and the per-step overhead take most of the saving; see\n"
+        "docs/results/time_to_accuracy.md for policies that do better (Stale-SB skips the\n"
+        "scoring forward of recently scored rows)."
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     plot(runs, args.out / "quickstart.png")
     print(f"plot: {args.out / 'quickstart.png'}")
