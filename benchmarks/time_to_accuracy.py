@@ -11,8 +11,9 @@ final accuracy (same seed and noise) and the share of backpropagated rows that w
 (counted on ``AFTER_LOSS`` by sample id). Writes ``time_to_accuracy.{md,csv,png}``.
 
 Jiang et al.'s ``jiang_cdf`` runs twice: refilled to a fixed backprop batch with the
-:class:`sbfunc.policies.Queue` (the step cannot skip a batch, so the refill lives in the loop:
-score, select, enqueue, then one plain step per full batch dequeued), and per batch with a
+:class:`sbfunc.policies.Queue` in this script's loop (score, select, enqueue, then one plain
+step per full batch dequeued; the study predates ``SelectiveBackprop(refill=...)``, which now
+does the same inside the step), and per batch with a
 variable size inside ``SelectiveBackprop`` (``jiang_var``). RHO-LOSS reads irreducible losses
 precomputed per sample id by a model trained on a held-out split (with the same label noise);
 that model's training is reported separately, not charged to RHO-LOSS's wall time.
