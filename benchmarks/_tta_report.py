@@ -248,9 +248,11 @@ SETUP_NOTES = [
     "(`rank_power`, `top_k`, `random`, `loshchilov` with s_e=100, `grad_norm`, `rho_loss`), "
     "beta=1 (about 50%) for `jiang_cdf`, `jiang_var` and `stale_sb` (max_age=2 epochs), "
     "`infobatch` with r=0.5 and delta=0.875.",
-    "- `jiang_cdf` refills a fixed backprop batch of the loader's size with the policy queue "
-    "(score and select in the loop, `enqueue`, one plain step per full `dequeue`, `flush` at "
-    "the end): it takes about half as many optimizer steps, each a full batch. `jiang_var` is "
+    "- `jiang_cdf` refills a fixed backprop batch of the loader's size: "
+    "`SelectiveBackprop(refill=...)` queues the kept rows and the step trains once a full batch "
+    "is queued (a loader batch that leaves none makes no update; fewer than a batch may stay "
+    "queued at the end): it takes about half as many optimizer steps, each a full batch. "
+    "`jiang_var` is "
     "the same policy inside `SelectiveBackprop`, backpropagating a variable-size batch every "
     "step.",
     "- `grad_norm`: scores are the logit-gradient norm `||softmax(z) - onehot(y)||` "

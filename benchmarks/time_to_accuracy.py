@@ -11,9 +11,9 @@ final accuracy (same seed and noise) and the share of backpropagated rows that w
 (counted on ``AFTER_LOSS`` by sample id). Writes ``time_to_accuracy.{md,csv,png}``.
 
 Jiang et al.'s ``jiang_cdf`` runs twice: refilled to a fixed backprop batch with the
-:class:`sbfunc.policies.Queue` in this script's loop (score, select, enqueue, then one plain
-step per full batch dequeued; the study predates ``SelectiveBackprop(refill=...)``, which now
-does the same inside the step), and per batch with a
+``SelectiveBackprop(refill=...)`` (the kept rows wait in a :class:`sbfunc.policies.Queue`; a
+step trains once a full batch is queued, and a loader batch that leaves none makes no update),
+and per batch with a
 variable size inside ``SelectiveBackprop`` (``jiang_var``). RHO-LOSS reads irreducible losses
 precomputed per sample id by a model trained on a held-out split (with the same label noise);
 that model's training is reported separately, not charged to RHO-LOSS's wall time.
@@ -135,9 +135,20 @@ class Setting(NamedTuple):
     irreducible: torch.Tensor
 
 
-def _sb(s: Setting, policy: P.Policy, loss_fn: sbfunc.ModuleLoss | None = None) -> list[Any]:
+def _sb(
+    s: Setting, policy: P.Policy, loss_fn: sbfunc.ModuleLoss | None = None, refill: bool = False
+) -> list[Any]:
     fn = s.loss_fn if loss_fn is None else loss_fn
-    sb = sbfunc.SelectiveBackprop(s.cfg.start, 1.0, interrupt=0, loss_fn=fn, policy=policy, ids=2)
+    b = s.cfg.batch  # refill: queue the kept rows into full batches of the loader's size
+    like = (
+        torch.zeros(b, 1, 40),
+        torch.zeros(b, dtype=torch.int64),
+        torch.zeros(b, dtype=torch.int64),
+    )
+    sb = sbfunc.SelectiveBackprop(
+        s.cfg.start, 1.0, interrupt=0, loss_fn=fn, policy=policy, ids=2,
+        refill=like if refill else None,
+    )  # fmt: skip
     return [sb]
 
 
@@ -146,7 +157,7 @@ METHODS: dict[str, Callable[[Setting], list[Any]]] = {
     "rank_power": lambda s: _sb(s, P.rank_power_policy(s.cfg.keep)),
     "top_k": lambda s: _sb(s, P.top_k_policy(s.cfg.keep)),
     "random": lambda s: _sb(s, P.random_policy(s.cfg.keep)),
-    "jiang_cdf": lambda s: [],  # the refill queue runs in the loop, see Refill
+    "jiang_cdf": lambda s: _sb(s, P.jiang_cdf(1.0), refill=True),
     "jiang_var": lambda s: _sb(s, P.jiang_cdf(1.0)),
     "stale_sb": lambda s: _sb(s, P.stale_sb(1.0, num_ids=s.cfg.train, max_age=2)),
     "loshchilov": lambda s: _sb(s, P.loshchilov(100.0, s.cfg.keep, num_ids=s.cfg.train)),
@@ -154,49 +165,6 @@ METHODS: dict[str, Callable[[Setting], list[Any]]] = {
     "rho_loss": lambda s: _sb(s, P.rho_loss(s.cfg.keep, s.irreducible)),
     "infobatch": lambda s: _sb(s, P.infobatch(0.5, 0.875, num_ids=s.cfg.train)),
 }
-
-
-@dataclass
-class Refill:
-    """Jiang et al.'s SB with the refill queue: score every loader batch, keep rows with
-    ``jiang_cdf``, queue them, and take one plain step per full batch of ``size`` rows."""
-
-    step: sbfunc.TrainStep
-    score_fn: sbfunc.ModuleLoss
-    size: int
-    start: float
-    policy: P.Policy = field(default_factory=lambda: P.jiang_cdf(1.0))
-    name: str = "jiang_refill"
-
-    def __call__(self, state: sbfunc.State, batch: Batch) -> sbfunc.State:
-        t = state.time
-        if t.elapsed < self.start:
-            return self.step(state, batch)[0]
-        policy_state, queue = state.algorithm_state.get(self.name, (None, None))
-        if policy_state is None:
-            policy_state, queue = self.policy.init(), P.empty_queue(batch)
-        key, sub = sbrandom.split(state.key)
-        scores = sbfunc.score_losses(self.score_fn, state.params, state.buffers, batch)
-        pruned = P.apply_policy(
-            self.policy, policy_state, batch, scores, key=sub, ids=2, epoch=t.epoch,
-            elapsed=t.elapsed,
-        )  # fmt: skip
-        queue = P.enqueue(queue, pruned.batch)
-        n = sbfunc.batch_size(batch)
-        state = state.replace(key=key, time=t._replace(samples_forwarded=t.samples_forwarded + n))
-        full, queue = P.dequeue(queue, self.size)
-        while full is not None:
-            state, _ = self.step(state, full)
-            full, queue = P.dequeue(queue, self.size)
-        return state.replace(
-            algorithm_state={**state.algorithm_state, self.name: (pruned.state, queue)}
-        )
-
-    def finish(self, state: sbfunc.State) -> sbfunc.State:
-        """Backprop what is left in the queue at the end of training."""
-        _, queue = state.algorithm_state.get(self.name, (None, None))
-        rest = None if queue is None else P.flush(queue)[0]
-        return state if rest is None else self.step(state, rest)[0]
 
 
 @dataclass
@@ -269,9 +237,6 @@ def train(
             if done % every == 0 and done < total:
                 pause(True)
         bar.update(per_epoch)
-    finish = getattr(advance, "finish", None)
-    if finish is not None:
-        state = finish(state)
     pause(True)
     bar.close()
     return state, curve, wall
@@ -315,12 +280,9 @@ def one_run(
     audit, opt = Audit(flipped), torchopt.adam(cfg.lr)
     algorithms = [*METHODS[method](setting), audit]
     step = sbfunc.make_train_step(loss_fn, opt, algorithms)
-    advance: Callable[[sbfunc.State, Batch], sbfunc.State] = _plain_advance(step)
-    if method == "jiang_cdf":
-        advance = Refill(step, eval_fn, cfg.batch, cfg.start)
     state, curve, _ = train(
-        advance, fresh_state(*init, opt, algorithms, seed), *data, cfg=cfg, epochs=cfg.epochs,
-        key=key, evaluate=lambda s: accuracy(eval_fn, s, d.x_test, d.y_test),
+        _plain_advance(step), fresh_state(*init, opt, algorithms, seed), *data, cfg=cfg,
+        epochs=cfg.epochs, key=key, evaluate=lambda s: accuracy(eval_fn, s, d.x_test, d.y_test),
         desc=f"{method} s{seed} n{noise:.0%}",
     )  # fmt: skip
     t = state.time
