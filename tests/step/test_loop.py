@@ -126,3 +126,25 @@ def test_empty_data_is_an_error():
     step, state, _ = _setup()
     with pytest.raises(ValueError, match="no batches"):
         sbfunc.fit(step, state, [], epochs=1, steps_per_epoch=1, progress=False)
+
+
+def test_fit_counts_loader_batches_when_refill_skips_updates():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=sbfunc.policies.top_k_policy(0.5),
+        refill=data[0],
+    )  # fmt: skip
+    opt = torchopt.sgd(0.1)
+    step = sbfunc.make_train_step(loss_fn, opt, [sb])
+    state = sbfunc.init_state(
+        params, buffers, key=sbrandom.key(0), opt_state=opt.init(params), algorithms=[sb]
+    )
+    result = sbfunc.fit(step, state, data, epochs=2, progress=False)
+    t = result.state.time
+    assert (t.step, t.epoch) == (6, 2)  # every loader batch counts, updated or not
+    assert [m.samples_backpropagated for m in result.history] == [0, 4] * 3
+    assert t.samples_backpropagated == 12 and t.samples_forwarded == 24 + 12
