@@ -186,9 +186,9 @@ class SelectiveBackprop(Algorithm):
             batch, weights = take(batch, selection.indices), selection.weights
         else:
             if isinstance(policy_state, StaleState):
-                ids = extract(batch, self.ids, "ids") if self.ids is not None else None
-                if ids is None:
+                if self.ids is None:
                     raise ValueError(f"{self.name}: stale_sb needs the batch field `ids`")
+                ids = extract(batch, self.ids, "ids")
                 scores, forwarded = stale_scores(policy_state, batch, ids, t.epoch, score)
             else:
                 scores, forwarded = score(batch), batch_size(batch)
@@ -203,12 +203,12 @@ class SelectiveBackprop(Algorithm):
                 elapsed=t.elapsed,
             )
             batch, weights, policy_state = pruned.batch, pruned.weights, pruned.state
-        own = policy_state
         if queue is not None:
             batch, queue = self._refill(queue, batch, weights)
-            weights, own = None, (policy_state, queue)
+            weights = None
         algorithm_state = state.algorithm_state
         if self.policy is not None or queue is not None:
+            own = policy_state if queue is None else (policy_state, queue)
             algorithm_state = {**algorithm_state, self.name: own}
         return state.replace(
             batch=batch,
