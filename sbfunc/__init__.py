@@ -4,11 +4,24 @@ The data flow is score -> select -> prune -> step. Every stage is a pure functio
 inputs (parameters, buffers, a pytree batch, a random key); the public namespace is flat.
 Sub-namespaces hold the larger families: :mod:`sbfunc.policies` (selection policies),
 :mod:`sbfunc.per_sample` (per-sample gradients on a subset), :mod:`sbfunc.engine` and
-:mod:`sbfunc.passes` (events, algorithms, ordering), :mod:`sbfunc.checkpoint`,
-:mod:`sbfunc.datasets`, :mod:`sbfunc.random` and :mod:`sbfunc.compat`.
+:mod:`sbfunc.passes` (events, algorithms, ordering), :mod:`sbfunc.optim` (optimizers and
+schedules), :mod:`sbfunc.checkpoint`, :mod:`sbfunc.datasets`, :mod:`sbfunc.random` and
+:mod:`sbfunc.compat`.
 """
 
-from sbfunc import compat, datasets, engine, passes, per_sample, policies, random, score, select
+from sbfunc import (
+    checkpoint,
+    compat,
+    datasets,
+    engine,
+    optim,
+    passes,
+    per_sample,
+    policies,
+    random,
+    score,
+    select,
+)
 from sbfunc.algorithms import (
     CutOut,
     LabelSmoothing,
@@ -23,14 +36,15 @@ from sbfunc.batch import batch_size, extract, replace, take
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
 from sbfunc.engine import (
     Algorithm,
+    Clock,
     Event,
     State,
     Time,
     Trace,
+    TrainState,
     chain,
     during,
     every_n_steps,
-    init_state,
     inject_hyperparams,
     named_chain,
     on_events,
@@ -61,10 +75,9 @@ from sbfunc.step import (
     BATCH_EVENTS,
     Duration,
     FitResult,
-    Optimizer,
     StepMetrics,
+    StepPlan,
     TrainStep,
-    checkpoint,
     fit,
     make_train_step,
     weighted_mean,
@@ -75,6 +88,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BATCH_EVENTS",
     "Algorithm",
+    "Clock",
     "CutOut",
     "Duration",
     "Event",
@@ -83,14 +97,15 @@ __all__ = [
     "LossFn",
     "MixUp",
     "ModuleLoss",
-    "Optimizer",
     "Params",
     "Selection",
     "SelectiveBackprop",
     "State",
     "StepMetrics",
+    "StepPlan",
     "Time",
     "Trace",
+    "TrainState",
     "TrainStep",
     "batch_size",
     "chain",
@@ -105,13 +120,13 @@ __all__ = [
     "extract",
     "fit",
     "gumbel_top_k",
-    "init_state",
     "inject_hyperparams",
     "kept_count",
     "make_train_step",
     "mixup_batch",
     "named_chain",
     "on_events",
+    "optim",
     "passes",
     "per_sample",
     "per_sample_loss",

@@ -1,8 +1,18 @@
 """Batches as pytrees (the *prune* stage): batch size, fields, and row selection.
 
-A *batch* is any optree pytree (tuple, list, dict, namedtuple, nested) whose tensor leaves of
-rank >= 1 are *per-sample*: they share the leading dimension ``N``. Non-tensor leaves (strings,
-ints, ``None``) and 0-d tensors are treated as batch-wide metadata and pass through unchanged.
+A *batch* is any pytree (tuple, list, dict or other mapping, namedtuple, optree node, nested)
+whose *per-sample* leaves share the leading dimension ``N``. By default the per-sample leaves
+are the tensors and NumPy arrays of rank >= 1 and the *row sequences*: plain lists/tuples that
+hold no tensor or array of rank >= 1, such as the list of strings
+``torch.utils.data.default_collate`` makes of a string field. A list/tuple holding tensors is a
+node, so ``(x, y)`` is two leaves. 0-d tensors, scalars, strings, ``None`` and other objects are
+batch-wide metadata and pass through. See :mod:`sbfunc.rows` for the exact rule.
+
+When the default guesses wrong (a ``[C]`` class-weight tensor with ``C == N``, a list of
+per-image target dicts), say which leaves are per-sample with a ``per_sample`` spec
+(:data:`PerSample`): a pytree prefix of the batch of ``True``/``False``/``None``/:data:`ROWS` or
+a callable ``(path, leaf) -> bool``, as in Equinox's ``filter_spec``. Per-sample leaves that
+disagree on ``N`` are an error, never a guess.
 """
 
 from __future__ import annotations
@@ -10,10 +20,28 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
-import optree
 import torch
 
-__all__ = ["Field", "batch_size", "extract", "replace", "take"]
+from sbfunc.rows import (
+    ROWS,
+    PerSample,
+    check_per_sample,
+    ndarray_type,
+    path_str,
+    rebuild_sequence,
+    walk,
+)
+
+__all__ = [
+    "ROWS",
+    "Field",
+    "PerSample",
+    "batch_size",
+    "check_per_sample",
+    "extract",
+    "replace",
+    "take",
+]
 
 Field = int | str | Callable[[Any], Any]
 """Where a field sits in a batch: int (tuple/list), str (mapping) or ``batch -> value``."""
@@ -21,82 +49,170 @@ Field = int | str | Callable[[Any], Any]
 Batch = TypeVar("Batch")
 
 
-def _is_per_sample(leaf: Any) -> bool:
-    return isinstance(leaf, torch.Tensor) and leaf.dim() >= 1
-
-
-def _path_str(path: tuple[Any, ...]) -> str:
-    return "batch" + "".join(f"[{p!r}]" for p in path)
-
-
-def batch_size(batch: Any) -> int:
-    """Number of samples in a pytree batch (the shared leading dimension of its tensor leaves).
-
-    Args:
-        batch: a tensor or any optree pytree of tensors and metadata.
-
-    Returns:
-        The leading dimension ``N`` shared by every tensor leaf of rank >= 1 (a Python int read
-        from the shape, so no device sync).
-
-    Raises:
-        ValueError: if the batch has no tensor leaf of rank >= 1, or its leaves disagree on the
-            leading dimension (the message names every leaf and its size).
+def per_sample_sizes(batch: Any, per_sample: PerSample = None) -> dict[str, int]:
+    """``{path: N}`` for every per-sample leaf of ``batch`` (see :data:`PerSample`).
 
     Example:
-        >>> sbfunc.batch_size({"x": torch.zeros(4, 3), "y": torch.zeros(4), "name": "mnist"})
+        >>> from sbfunc.batch import per_sample_sizes
+        >>> per_sample_sizes({"x": torch.zeros(3, 2), "t": ["a", "b", "c"], "tag": "train"})
+        {"batch['x']": 3, "batch['t']": 3}
+
+    References:
+        optree ``tree_flatten_with_path``; Equinox ``filter_spec``.
+    """
+    sizes: dict[str, int] = {}
+
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        if size is not None:
+            sizes[path_str(path)] = size
+        return leaf
+
+    walk(batch, per_sample, visit, rebuild=False)
+    return sizes
+
+
+def _no_rows_error(batch: Any) -> ValueError:
+    return ValueError(
+        "batch has no per-sample leaf (a tensor or array of rank >= 1, or a list/tuple of "
+        f"per-sample values); got a {type(batch).__name__}. Mark the per-sample leaves with "
+        "per_sample= (see sbfunc.batch.PerSample)"
+    )
+
+
+def _disagree_error(sizes: dict[str, int]) -> ValueError:
+    detail = ", ".join(f"{name}: {n}" for name, n in sizes.items())
+    return ValueError(
+        f"batch leaves disagree on the leading (sample) dimension: {detail}. Every per-sample "
+        "leaf must have the same size N along its first axis; pass per_sample= to say which "
+        "leaves are per-sample, e.g. per_sample={'class_weight': False} for metadata that only "
+        "looks per-sample, or per_sample={'targets': sbfunc.batch.ROWS} for a list with one "
+        "entry (of any kind) per sample (see sbfunc.batch.PerSample)"
+    )
+
+
+def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
+    """Number of samples in a pytree batch: the shared leading size of its per-sample leaves.
+
+    Args:
+        batch: a tensor or any pytree of tensors, arrays, row sequences and metadata.
+        per_sample: which leaves are per-sample (:data:`PerSample`); ``None`` infers them.
+
+    Returns:
+        The leading size ``N`` shared by every per-sample leaf (a Python int read from shapes
+        and lengths, so no device sync).
+
+    Raises:
+        ValueError: if the batch has no per-sample leaf, or its per-sample leaves disagree on
+            the leading dimension (the message names every leaf with its size and says how to
+            pass ``per_sample=``).
+        TypeError: for a malformed ``per_sample`` spec.
+
+    Example:
+        >>> batch = {"x": torch.zeros(4, 3), "y": torch.zeros(4), "text": ["a", "b", "c", "d"]}
+        >>> sbfunc.batch_size(batch)
+        4
+        >>> sbfunc.batch_size({**batch, "w": torch.ones(3)})
+        Traceback (most recent call last):
+        ...
+        ValueError: batch leaves disagree on the leading (sample) dimension: batch['x']: 4, ...
+        >>> sbfunc.batch_size({**batch, "w": torch.ones(3)}, per_sample={"w": False})
         4
 
     References:
         MosaicML Composer ``DataSpec.get_num_samples_in_batch`` (its default reads dim 0 of the
-        batch's tensors); optree ``tree_flatten_with_path``.
+        batch's tensors); Equinox ``filter_spec``.
     """
-    paths, leaves, _ = optree.tree_flatten_with_path(batch)
-    sizes = {
-        _path_str(p): leaf.shape[0]
-        for p, leaf in zip(paths, leaves, strict=False)
-        if _is_per_sample(leaf)
-    }
+    if per_sample is None:
+        if type(batch) is torch.Tensor and batch.dim():
+            return batch.shape[0]
+        n = _flat_tensors(batch)
+        if n >= 0:
+            return n
+    sizes = per_sample_sizes(batch, per_sample)
     if not sizes:
-        raise ValueError(
-            "batch has no per-sample tensor leaf (a tensor of rank >= 1); "
-            f"got leaves of types {[type(x).__name__ for x in leaves]}"
-        )
-    distinct = set(sizes.values())
-    if len(distinct) > 1:
-        detail = ", ".join(f"{name}: {n}" for name, n in sizes.items())
-        raise ValueError(
-            f"batch leaves disagree on the leading (sample) dimension: {detail}; every tensor "
-            "leaf of rank >= 1 must have the same size along dim 0"
-        )
-    return distinct.pop()
+        raise _no_rows_error(batch)
+    first = next(iter(sizes.values()))
+    if any(n != first for n in sizes.values()):
+        raise _disagree_error(sizes)
+    return first
 
 
-def take(batch: Batch, indices: torch.Tensor) -> Batch:
-    """Select rows ``indices`` along dim 0 of every per-sample leaf of a pytree batch.
+def _flat_tensors(batch: Any) -> int:
+    """The hot path: ``N`` when ``batch`` is a tuple/list/dict of plain tensors of rank >= 1
+    that share dim 0 (always per-sample under the default rule), else -1."""
+    kind = type(batch)
+    values = batch.values() if kind is dict else batch if kind in (tuple, list) else None
+    n = -1
+    for t in values or ():
+        if type(t) is not torch.Tensor or t.dim() == 0 or (n >= 0 and t.shape[0] != n):
+            return -1
+        n = t.shape[0]
+    return n
 
-    The structure of ``batch`` is preserved (a dict stays a dict, a namedtuple keeps its type),
-    metadata leaves pass through, and the input is never modified.
+
+def _fast_take(batch: Any, indices: torch.Tensor) -> Any:
+    """``take`` on the hot path (a tensor, or see :func:`_flat_tensors`), else ``None``."""
+    if type(batch) is torch.Tensor and batch.dim():
+        return batch.index_select(0, indices.to(batch.device))
+    if _flat_tensors(batch) < 0:
+        return None
+    if type(batch) is dict:
+        return {k: t.index_select(0, indices.to(t.device)) for k, t in batch.items()}
+    return type(batch)(t.index_select(0, indices.to(t.device)) for t in batch)
+
+
+def _take_rows(leaf: Any, indices: torch.Tensor, host: list[int]) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return leaf.index_select(0, indices.to(leaf.device))
+    nd = ndarray_type()
+    if nd is not None and isinstance(leaf, nd):
+        return leaf[host]  # type: ignore[index]
+    return rebuild_sequence(leaf, [leaf[i] for i in host])
+
+
+def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -> Batch:
+    """Select rows ``indices`` of every per-sample leaf of a pytree batch.
+
+    Tensors are indexed along dim 0 on their own device; NumPy arrays and row sequences
+    (lists/tuples of per-sample values) are indexed on the host. Containers keep their types
+    (a list stays a list, a tuple a tuple, a namedtuple or dict subclass its type where it can
+    be rebuilt from its items, else a plain dict), metadata leaves and subtrees marked ``False``
+    pass through as the same objects, and the input is never modified.
+
+    A batch of tensors costs no host-device sync. A batch with NumPy or sequence leaves reads
+    ``indices`` on the host once (``indices.tolist()``, a sync when they live on an
+    accelerator).
 
     Args:
         batch: any pytree batch (see :func:`batch_size`).
-        indices: a 1-D integer tensor of row indices (on the batch's device, to avoid copies).
+        indices: a 1-D int64/int32 tensor of row indices (on the batch's device, to avoid
+            copies); rows may repeat and come in any order.
+        per_sample: which leaves are per-sample (:data:`PerSample`); ``None`` infers them.
 
     Returns:
         A new batch of ``len(indices)`` samples.
 
     Raises:
-        ValueError: if ``indices`` is not 1-D, or the leaves disagree on the leading dimension.
-        TypeError: if ``indices`` is not an integer tensor.
+        ValueError: if ``indices`` is not 1-D, the batch has no per-sample leaf, or its
+            per-sample leaves disagree on the leading dimension (see :func:`batch_size`).
+        TypeError: if ``indices`` is not an integer tensor, or for a malformed ``per_sample``.
 
     Example:
-        >>> batch = {"x": torch.arange(6.).reshape(3, 2), "y": torch.tensor([0, 1, 2])}
+        >>> batch = {"x": torch.arange(6.).reshape(3, 2), "y": torch.tensor([0, 1, 2]),
+        ...          "text": ["a", "b", "c"], "split": "train"}
         >>> sbfunc.take(batch, torch.tensor([0, 2]))
-        {'x': tensor([[0., 1.], [4., 5.]]), 'y': tensor([0, 2])}
+        {'x': tensor([[0., 1.], [4., 5.]]), 'y': tensor([0, 2]), 'text': ['a', 'c'],
+         'split': 'train'}
+
+        A ``[C]`` class-weight tensor with ``C == N`` only looks per-sample; say so:
+
+        >>> batch = {"x": torch.zeros(3, 2), "class_weight": torch.tensor([1.0, 2.0, 3.0])}
+        >>> sbfunc.take(batch, torch.tensor([1]), per_sample={"class_weight": False})
+        {'x': tensor([[0., 0.]]), 'class_weight': tensor([1., 2., 3.])}
 
     References:
-        optree ``tree_map``; PyTorch ``torch.index_select``; MosaicML Composer
-        ``select_using_loss`` (which prunes ``input[idx]`` and ``target[idx]`` only).
+        PyTorch ``torch.index_select`` and ``default_collate``; Equinox ``filter_spec``; MosaicML
+        Composer ``select_using_loss`` (which prunes ``input[idx]`` and ``target[idx]`` only).
     """
     if not isinstance(indices, torch.Tensor):
         raise TypeError(f"indices must be a 1-D integer tensor, got {type(indices).__name__}")
@@ -104,13 +220,28 @@ def take(batch: Batch, indices: torch.Tensor) -> Batch:
         raise ValueError(f"indices must be 1-D, got shape {tuple(indices.shape)}")
     if indices.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"indices must have an integer dtype (int64, int32), got {indices.dtype}")
-    batch_size(batch)  # validates the leading dimensions, raising a clear error
-    pruned = optree.tree_map(
-        lambda leaf: (
-            leaf.index_select(0, indices.to(leaf.device)) if _is_per_sample(leaf) else leaf
-        ),
-        batch,  # type: ignore[arg-type]
-    )
+    if per_sample is None:
+        fast = _fast_take(batch, indices)
+        if fast is not None:
+            return cast(Batch, fast)
+    sizes: dict[str, int] = {}
+    host: list[list[int]] = []  # indices on the host, read once if a leaf needs them
+
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        if size is None:
+            return leaf
+        sizes[path_str(path)] = size
+        if size != next(iter(sizes.values())):
+            return leaf  # reported below, with every leaf's size
+        if not host and not isinstance(leaf, torch.Tensor):
+            host.append(indices.tolist())
+        return _take_rows(leaf, indices, host[0] if host else [])
+
+    pruned = walk(batch, per_sample, visit, rebuild=True)
+    if not sizes:
+        raise _no_rows_error(batch)
+    if len(set(sizes.values())) > 1:
+        raise _disagree_error(sizes)
     return cast(Batch, pruned)
 
 

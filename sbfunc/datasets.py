@@ -1,7 +1,7 @@
 """Embedded datasets for examples, tests and studies: nothing is downloaded.
 
 * :func:`mnist1d` generates the MNIST-1D benchmark procedurally with
-  ``mnist1d.data.make_dataset`` (needs the ``examples`` extra: ``pip install -e ".[examples]"``);
+  ``mnist1d.data.make_dataset`` (needs the ``examples`` extra: ``pip install "sbfunc[examples]"``);
   the download path ``get_dataset`` is never used.
 * :func:`digits` loads scikit-learn's bundled 8x8 digits (1797 images, shipped in the wheel).
 * :func:`batches` cuts tensors into shuffled minibatches from an explicit key.
@@ -43,13 +43,32 @@ class Split(NamedTuple):
     y_test: torch.Tensor
 
 
+# The distribution providing each optional module, and the extra that lists it.
+_PACKAGES = {"mnist1d": "mnist1d", "sklearn": "scikit-learn"}
+
+
 def _require(module: str, extra: str = "examples") -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            f"{module} is needed for this dataset: pip install -e '.[{extra}]'"
-        ) from err
+        raise ImportError(_install_advice(module, extra)) from err
+
+
+def _install_advice(module: str, extra: str = "examples") -> str:
+    """What to install for a missing optional module (right for wheel and source installs).
+
+    Example:
+        >>> print(sbfunc.datasets._install_advice("sklearn.datasets"))
+        sklearn.datasets is needed for this dataset: pip install scikit-learn (or every optional
+        dependency of the examples: pip install "sbfunc[examples]", or pip install -e ".[examples]"
+        from a source checkout)
+    """
+    package = _PACKAGES.get(module.split(".")[0], module.split(".")[0])
+    return (
+        f"{module} is needed for this dataset: pip install {package} (or every optional "
+        f'dependency of the {extra}: pip install "sbfunc[{extra}]", or '
+        f'pip install -e ".[{extra}]" from a source checkout)'
+    )
 
 
 def mnist1d(num_samples: int = 5000, *, seed: int = 42) -> Split:

@@ -17,10 +17,21 @@ from torch import nn
 from torch.func import functional_call
 
 from sbfunc.batch import Field, extract
+from sbfunc.module_io import (
+    Inputs,
+    Output,
+    check_inputs,
+    check_output,
+    module_mode,
+    read_inputs,
+    select_output,
+)
 
 __all__ = [
+    "Inputs",
     "LossFn",
     "ModuleLoss",
+    "Output",
     "Params",
     "per_sample_loss",
     "reduce_per_sample",
@@ -132,17 +143,28 @@ def per_sample_loss(
     module: nn.Module,
     criterion: Callable[..., torch.Tensor],
     *,
-    input: Field = 0,
+    input: Inputs = 0,
     target: Field = 1,
+    output: Output = None,
     train: bool | None = False,
 ) -> ModuleLoss:
     """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
 
-    The returned ``loss_fn(params, buffers, batch)`` runs
-    ``functional_call(module, (params, buffers), (batch[input],))`` and
-    ``criterion(outputs, batch[target])`` and reduces any trailing loss dimensions by their mean,
+    The returned ``loss_fn(params, buffers, batch)`` runs the module with
+    ``functional_call(module, (params, buffers), args, kwargs)`` on the batch's ``input``
+    fields, reads the logits from its result with ``output``, computes
+    ``criterion(logits, batch[target])`` and reduces any trailing loss dimensions by their mean,
     returning ``Tensor[N]``. It is a pure function of its arguments, so ``torch.func.grad``,
     ``vmap`` and ``torch.compile`` compose with it.
+
+    **Several inputs, structured outputs.** ``input=("input_ids", "attention_mask")`` calls
+    ``module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])``;
+    ``output="logits"`` reads ``result.logits`` (or ``result["logits"]``), ``output=0`` reads
+    ``result[0]``. The selection happens in :meth:`ModuleLoss.forward`, so what the training
+    step differentiates (and what ``AFTER_FORWARD`` algorithms see as the outputs) is the logits
+    tensor: ``torch.func.vjp`` accepts only tensors, not ``(logits, None)``, dataclasses or
+    ``ModelOutput`` objects. With ``output=None`` such a result is refused with a message that
+    lists its fields.
 
     **Train or eval mode.** Dropout and BatchNorm make the loss depend on the module's mode.
     ``train=False`` (the default) evaluates the module in eval mode: scores are deterministic,
@@ -150,16 +172,21 @@ def per_sample_loss(
     statistics (Composer scores in train mode, so its dropout adds noise to the ranking and a
     downsampled scoring pass pollutes the running statistics). For the training loss itself
     build a second function with ``train=True``. ``train=None`` uses the module's mode at call
-    time. The mode is set for the duration of the call and restored afterwards.
+    time. The mode is set for the duration of the call and every submodule's own mode is
+    restored afterwards.
 
     Args:
         module: the model; its own tensors are used only for names missing from the dicts.
-        criterion: ``criterion(outputs, targets)``. An ``nn.Module`` loss must have
+        criterion: ``criterion(logits, targets)``. An ``nn.Module`` loss must have
             ``reduction='none'``; a function that accepts ``reduction`` (such as
             ``torch.nn.functional.cross_entropy``) is called with ``reduction='none'``.
-        input: where the model input sits in the batch: an int index (tuple batches), a str key
-            (dict batches) or a callable ``batch -> input``.
-        target: where the target sits, same forms as ``input``.
+        input: where the model's arguments sit in the batch (:data:`Inputs`): an int index
+            (tuple batches), a str key (dict batches), a callable ``batch -> input``, a tuple of
+            str keys passed as keyword arguments of those names, a tuple of ints passed
+            positionally, or a mapping ``{keyword: field}``.
+        target: where the target sits: an int, a str or a callable, as a single ``input``.
+        output: how to read the logits from the module's result (:data:`Output`): ``None``,
+            an attribute name or mapping key, an int index, or a callable.
         train: the module mode during the call (see above).
 
     Returns:
@@ -167,8 +194,11 @@ def per_sample_loss(
         ``criterion`` separately and ``with_train(mode)``.
 
     Raises:
-        TypeError: if ``criterion`` is not callable.
-        ValueError: if an ``nn.Module`` criterion reduces the batch.
+        TypeError: if ``module`` is not an ``nn.Module``, ``criterion`` is not callable, or
+            ``input``/``output``/``train`` have another form. Calls raise ``KeyError`` or
+            ``IndexError`` for a field missing from the batch (naming the available ones), and
+            ``TypeError``/``KeyError`` for an output that is not tensors or lacks ``output``.
+        ValueError: if an ``nn.Module`` criterion reduces the batch, or ``input`` is empty.
 
     Example:
         >>> model = torch.nn.Linear(3, 2)
@@ -177,10 +207,29 @@ def per_sample_loss(
         >>> loss_fn(params, buffers, (torch.randn(5, 3), torch.tensor([0, 1, 0, 1, 1]))).shape
         torch.Size([5])
 
+        Keyword inputs and a structured output, as for a Hugging Face classifier:
+
+        >>> class Classifier(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.embed = torch.nn.EmbeddingBag(10, 2, mode="sum")
+        ...     def forward(self, input_ids, attention_mask):
+        ...         return {"logits": self.embed(input_ids, per_sample_weights=attention_mask)}
+        >>> model = Classifier()
+        >>> loss_fn = sbfunc.per_sample_loss(
+        ...     model, torch.nn.functional.cross_entropy,
+        ...     input=("input_ids", "attention_mask"), target="labels", output="logits")
+        >>> batch = {"input_ids": torch.tensor([[1, 2], [3, 0]]),
+        ...          "attention_mask": torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+        ...          "labels": torch.tensor([0, 1]), "text": ["a b", "c"]}
+        >>> loss_fn(*sbfunc.split_module(model), batch).shape
+        torch.Size([2])
+
     References:
-        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
+        Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
+        Hugging Face Transformers ``ModelOutput`` (``outputs.logits``).
     """
-    return ModuleLoss(module, criterion, input=input, target=target, train=train)
+    return ModuleLoss(module, criterion, input=input, target=target, output=output, train=train)
 
 
 class ModuleLoss:
@@ -188,8 +237,9 @@ class ModuleLoss:
 
     Calling it is ``criterion(forward(params, buffers, batch), batch)``. The halves let the
     training step run the forward, fire ``AFTER_FORWARD``/``BEFORE_LOSS``, then the loss (so
-    algorithms can change targets in between, as Composer's events promise). Build it with
-    :func:`per_sample_loss`.
+    algorithms can change targets in between, as Composer's events promise). ``forward``
+    returns the logits already selected by ``output``, tensors only, so ``torch.func.vjp``
+    accepts it. Build it with :func:`per_sample_loss`.
 
     Example:
         >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), torch.nn.functional.mse_loss)
@@ -209,8 +259,9 @@ class ModuleLoss:
         module: nn.Module,
         criterion: Callable[..., torch.Tensor],
         *,
-        input: Field = 0,
+        input: Inputs = 0,
         target: Field = 1,
+        output: Output = None,
         train: bool | None = False,
     ) -> None:
         if not isinstance(module, nn.Module):
@@ -220,7 +271,8 @@ class ModuleLoss:
         self.module = module
         self.raw_criterion = criterion
         self._criterion = _per_element_criterion(criterion)
-        self.input, self.target, self.train = input, target, train
+        self.input, self.target = check_inputs(input), target
+        self.output, self.train = check_output(output), train
 
     def with_train(self, train: bool | None) -> ModuleLoss:
         """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss).
@@ -231,23 +283,24 @@ class ModuleLoss:
             True
         """
         return ModuleLoss(
-            self.module, self.raw_criterion, input=self.input, target=self.target, train=train
+            self.module,
+            self.raw_criterion,
+            input=self.input,
+            target=self.target,
+            output=self.output,
+            train=train,
         )
 
     def forward(self, params: Params, buffers: Params, batch: Any) -> Any:
-        """The module's outputs on the batch's input, in this loss's train/eval mode."""
-        x = extract(batch, self.input, "input")
-        module, was_training = self.module, self.module.training
-        if self.train is not None and self.train != was_training:
-            module.train(self.train)
-        try:
-            return functional_call(module, (params, buffers), (x,))
-        finally:
-            if module.training != was_training:
-                module.train(was_training)
+        """The logits (the module's result read by ``output``) on the batch's inputs, in this
+        loss's train/eval mode."""
+        args, kwargs = read_inputs(batch, self.input)
+        with module_mode(self.module, self.train) as module:
+            outputs = functional_call(module, (params, buffers), args, kwargs)
+        return select_output(outputs, self.output)
 
     def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:
-        """Per-sample losses ``[N]`` of ``outputs`` against the batch's target."""
+        """Per-sample losses ``[N]`` of the logits ``outputs`` against the batch's target."""
         losses = self._criterion(outputs, extract(batch, self.target, "target"))
         n = outputs.shape[0] if isinstance(outputs, torch.Tensor) and outputs.dim() > 0 else None
         return reduce_per_sample(losses, n)
@@ -256,7 +309,8 @@ class ModuleLoss:
         return self.criterion(self.forward(params, buffers, batch), batch)
 
     def __repr__(self) -> str:
+        out = "" if self.output is None else f", output={self.output!r}"
         return (
             f"ModuleLoss({type(self.module).__name__}, input={self.input!r}, "
-            f"target={self.target!r}, train={self.train})"
+            f"target={self.target!r}{out}, train={self.train})"
         )

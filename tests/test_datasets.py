@@ -40,3 +40,16 @@ def test_label_noise_validation(kwargs, msg):
 def test_digits_validates_test_fraction():
     with pytest.raises(ValueError, match="test_fraction"):
         sbfunc.datasets.digits(test_fraction=1.0)
+
+
+def test_missing_dependency_advice_fits_any_install(monkeypatch):
+    monkeypatch.setattr(sbfunc.datasets.importlib, "import_module", _fail)
+    with pytest.raises(ImportError, match="pip install scikit-learn") as info:
+        sbfunc.datasets.digits()
+    msg = str(info.value)
+    assert 'pip install "sbfunc[examples]"' in msg  # a wheel install has no source tree
+    assert "pip install mnist1d" in sbfunc.datasets._install_advice("mnist1d.data")
+
+
+def _fail(name):
+    raise ImportError(f"No module named {name!r}")

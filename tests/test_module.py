@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -99,3 +101,161 @@ def test_loss_fn_composes_with_grad():
     model.zero_grad()
     F.cross_entropy(model(batch[0]), batch[1]).backward()
     torch.testing.assert_close(grads["weight"], model.weight.grad)
+
+
+# --- several inputs, structured outputs -------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Out:
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+class TwoInputs(nn.Module):
+    """``forward(input_ids, attention_mask)`` returning a structured output of the chosen kind."""
+
+    def __init__(self, kind="dataclass"):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 3)
+        self.kind = kind
+
+    def forward(self, input_ids, attention_mask):
+        h = (self.embed(input_ids) * attention_mask[..., None]).sum(1)
+        logits = self.head(h)
+        if self.kind == "dataclass":
+            return Out(logits)
+        if self.kind == "dict":
+            return {"logits": logits, "hidden": h}
+        if self.kind == "tuple":
+            return logits, None
+        return logits
+
+
+def _text_batch(n=5):
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(n, 6)
+    mask[:, 4:] = 0
+    return {
+        "input_ids": torch.randint(0, 10, (n, 6), generator=gen),
+        "attention_mask": mask,
+        "labels": torch.randint(0, 3, (n,), generator=gen),
+        "text": [f"sentence {i}" for i in range(n)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "output"),
+    [("dataclass", "logits"), ("dict", "logits"), ("tuple", 0), ("dict", lambda o: o["logits"])],
+)
+def test_keyword_inputs_and_structured_outputs(kind, output):
+    model = TwoInputs(kind)
+    params, buffers = sbfunc.split_module(model)
+    batch = _text_batch()
+    loss_fn = sbfunc.per_sample_loss(
+        model,
+        F.cross_entropy,
+        input=("input_ids", "attention_mask"),
+        target="labels",
+        output=output,
+    )
+    ref_logits = model.head(
+        (model.embed(batch["input_ids"]) * batch["attention_mask"][..., None]).sum(1)
+    )
+    ref = F.cross_entropy(ref_logits, batch["labels"], reduction="none")
+    torch.testing.assert_close(loss_fn(params, buffers, batch), ref)
+    assert torch.is_tensor(loss_fn.forward(params, buffers, batch))  # logits only, for vjp
+    out, pullback = torch.func.vjp(lambda p: loss_fn.forward(p, buffers, batch), params)
+    (grads,) = pullback(torch.ones_like(out))
+    assert set(grads) == set(params)
+    g = torch.func.grad(lambda p: loss_fn(p, buffers, batch).mean())(params)
+    model.zero_grad()
+    F.cross_entropy(ref_logits, batch["labels"]).backward()
+    torch.testing.assert_close(g["head.weight"], model.head.weight.grad)
+
+
+def test_positional_and_mapping_inputs():
+    model = TwoInputs("plain")
+    params, buffers = sbfunc.split_module(model)
+    b = _text_batch()
+    tup = (b["input_ids"], b["attention_mask"], b["labels"])
+    ref = sbfunc.per_sample_loss(model, F.cross_entropy, input=(0, 1), target=2)(
+        params, buffers, tup
+    )
+    renamed = {"ids": b["input_ids"], "mask": b["attention_mask"], "y": b["labels"]}
+    by_map = sbfunc.per_sample_loss(
+        model, F.cross_entropy, input={"input_ids": "ids", "attention_mask": "mask"}, target="y"
+    )
+    torch.testing.assert_close(by_map(params, buffers, renamed), ref)
+    as_list = sbfunc.per_sample_loss(model, F.cross_entropy, input=["input_ids", "attention_mask"])
+    assert as_list.input == ("input_ids", "attention_mask")
+
+
+def test_structured_output_without_output_is_explained():
+    model = TwoInputs("dataclass")
+    params, buffers = sbfunc.split_module(model)
+    kw = {"input": ("input_ids", "attention_mask"), "target": "labels"}
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, **kw)
+    with pytest.raises(TypeError, match=r"an Out with attributes \['hidden', 'logits'\].*output="):
+        loss_fn(params, buffers, _text_batch())
+    tup = sbfunc.per_sample_loss(TwoInputs("tuple"), F.cross_entropy, **kw)
+    with pytest.raises(TypeError, match=r"a tuple of 2 \(Tensor, NoneType\).*output=0"):
+        tup.forward(params, buffers, _text_batch())
+    for output, exc, msg in [
+        ("scores", KeyError, r"output='scores' is not in the module's output, an Out"),
+        (3, IndexError, r"output=3 cannot index the module's output, an Out"),
+        (lambda o: o.hidden, TypeError, r"selected a NoneType"),
+    ]:
+        bad = sbfunc.per_sample_loss(model, F.cross_entropy, output=output, **kw)
+        with pytest.raises(exc, match=msg):
+            bad(params, buffers, _text_batch())
+    dict_model = sbfunc.per_sample_loss(TwoInputs("dict"), F.cross_entropy, output="loss", **kw)
+    with pytest.raises(KeyError, match=r"a dict with keys \['logits', 'hidden'\]"):
+        dict_model(params, buffers, _text_batch())
+
+
+def test_missing_input_field_names_the_available_ones():
+    model = TwoInputs("plain")
+    loss_fn = sbfunc.per_sample_loss(
+        model, F.cross_entropy, input=("input_ids", "mask"), target="labels"
+    )
+    with pytest.raises(KeyError, match=r"input='mask' not in batch; available keys: .*attention"):
+        loss_fn(*sbfunc.split_module(model), _text_batch())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "msg"),
+    [
+        ({"input": ()}, ValueError, "at least one field"),
+        ({"input": ("a", 0)}, TypeError, "only str field names"),
+        ({"input": True}, TypeError, "input must be"),
+        ({"input": 1.5}, TypeError, "input must be"),
+        ({"input": {"x": ("a", "b")}}, TypeError, "single fields"),
+        ({"input": {0: "a"}}, ValueError, "str keyword names"),
+        ({"output": 1.5}, TypeError, "output must be"),
+        ({"output": True}, TypeError, "output must be"),
+    ],
+)
+def test_input_and_output_forms_are_validated(kwargs, exc, msg):
+    with pytest.raises(exc, match=msg):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, **kwargs)
+
+
+def test_with_train_keeps_inputs_and_output():
+    loss_fn = sbfunc.per_sample_loss(
+        TwoInputs(), F.cross_entropy, input=("input_ids", "attention_mask"), output="logits"
+    )
+    other = loss_fn.with_train(True)
+    assert (other.input, other.output, other.train) == (loss_fn.input, "logits", True)
+    assert "output='logits'" in repr(other)
+
+
+def test_mode_is_restored_per_submodule():
+    model = _model().train()
+    model[1].eval()  # a frozen BatchNorm inside a training model
+    params, buffers = sbfunc.split_module(model, clone=True)
+    sbfunc.per_sample_loss(model, F.cross_entropy)(
+        params, buffers, (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+    )
+    assert [m.training for m in model] == [True, False, True, True]

@@ -40,7 +40,7 @@ def cutout_batch(
         A new tensor; ``x`` is not modified.
 
     Example:
-        >>> out = sbfunc.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(0))
+        >>> out = sbfunc.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(1))
         >>> out.shape, int((out == 0).sum(dim=(1, 2, 3))[0])
         (torch.Size([2, 1, 8, 8]), 16)
 
@@ -141,11 +141,9 @@ def mixup_batch(
         raise ValueError(f"alpha must be a float > 0, got {alpha!r}")
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
-    g = sbrandom.generator(key, x.device)
-    conc = torch.full((2,), float(alpha), device=x.device, dtype=torch.float64)
-    gam = torch._standard_gamma(conc, generator=g)  # Beta(a, a) = G1 / (G1 + G2)
-    lam = (gam[0] / gam.sum().clamp_min(torch.finfo(torch.float64).tiny)).to(x.dtype)
-    perm = torch.randperm(x.shape[0], generator=g, device=x.device)
+    lam_key, perm_key = sbrandom.split(key)
+    lam = sbrandom.beta(lam_key, float(alpha), float(alpha), (), device=x.device).to(x.dtype)
+    perm = sbrandom.permutation(perm_key, x.shape[0], device=x.device)
     y = soft_targets(targets, num_classes)
     mixed_x = lam * x + (1 - lam) * x[perm]
     mixed_y = lam.to(y.dtype) * y + (1 - lam.to(y.dtype)) * y[perm]

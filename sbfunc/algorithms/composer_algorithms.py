@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from sbfunc import random as sbrandom
 from sbfunc.algorithms.augment import check_probability, cutout_batch, mixup_batch, smooth_labels
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
@@ -30,10 +29,10 @@ class CutOut(Algorithm):
 
     Example:
         >>> co = sbfunc.CutOut(length=0.5)
-        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
-        >>> state = state.replace(batch=(torch.ones(2, 1, 4, 4), torch.zeros(2)))
+        >>> batch = (torch.ones(2, 1, 4, 4), torch.zeros(2))
+        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
         >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0] == 0).sum())
-        4
+        8
 
     References:
         DeVries and Taylor 2017; MosaicML Composer ``CutOut``.
@@ -50,10 +49,9 @@ class CutOut(Algorithm):
         return event == Event.AFTER_DATALOADER
 
     def apply(self, event: Event, state: State) -> State:
-        key, sub = sbrandom.split(state.key)
         x = extract(state.batch, self.input, "input")
-        x = cutout_batch(x, key=sub, num_holes=self.num_holes, length=self.length)
-        return state.replace(batch=replace(state.batch, self.input, x), key=key)
+        x = cutout_batch(x, key=state.key, num_holes=self.num_holes, length=self.length)
+        return state.replace(batch=replace(state.batch, self.input, x))
 
 
 class MixUp(Algorithm):
@@ -65,8 +63,8 @@ class MixUp(Algorithm):
 
     Example:
         >>> mu = sbfunc.MixUp(alpha=0.2, num_classes=3)
-        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
-        >>> state = state.replace(batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
+        >>> state = sbfunc.State(sbfunc.random.key(0),
+        ...                      batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
         >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
         torch.Size([4, 3])
 
@@ -90,27 +88,26 @@ class MixUp(Algorithm):
         return event == Event.BEFORE_FORWARD
 
     def apply(self, event: Event, state: State) -> State:
-        key, sub = sbrandom.split(state.key)
         x = extract(state.batch, self.input, "input")
         y = extract(state.batch, self.target, "target")
-        xm, ym, _ = mixup_batch(x, y, key=sub, alpha=self.alpha, num_classes=self.num_classes)
-        batch = replace(replace(state.batch, self.input, xm), self.target, ym)
-        return state.replace(batch=batch, key=key)
+        xm, ym, _ = mixup_batch(
+            x, y, key=state.key, alpha=self.alpha, num_classes=self.num_classes
+        )
+        return state.replace(batch=replace(replace(state.batch, self.input, xm), self.target, ym))
 
 
 class LabelSmoothing(Algorithm):
     """Smooth the targets on ``BEFORE_LOSS`` and restore them on ``AFTER_LOSS``.
 
-    The original targets wait in ``state.algorithm_state[name]`` between the two events only
-    (the entry is absent between steps, so a checkpoint between steps has the structure of a
-    fresh :func:`sbfunc.init_state`). With the FILO
-    order of the default passes, when several algorithms change targets on ``BEFORE_LOSS``,
-    they restore them in reverse on ``AFTER_LOSS``.
+    The original targets wait in the algorithm's per-batch ``scratch`` between the two events
+    (scratch lives for one step, so nothing of it is checkpointed). With the FILO order of
+    the default passes, when several algorithms change targets on ``BEFORE_LOSS``, they
+    restore them in reverse on ``AFTER_LOSS``.
 
     Example:
         >>> ls = sbfunc.LabelSmoothing(0.1, num_classes=2)
-        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0), algorithms=[ls])
-        >>> state = state.replace(batch=(torch.zeros(1, 3), torch.tensor([1])))
+        >>> batch = (torch.zeros(1, 3), torch.tensor([1]))
+        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
         >>> state = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
         >>> state.batch[1]
         tensor([[0.0500, 0.9500]])
@@ -130,17 +127,10 @@ class LabelSmoothing(Algorithm):
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
     def apply(self, event: Event, state: State) -> State:
-        stash = dict(state.algorithm_state)
         if event == Event.BEFORE_LOSS:
             y = extract(state.batch, self.target, "target")
-            stash[self.name] = y
             smoothed = smooth_labels(y, self.smoothing, self.num_classes)
-            return state.replace(
-                batch=replace(state.batch, self.target, smoothed), algorithm_state=stash
-            )
-        original = stash.pop(self.name, None)
-        if original is None:
+            return state.replace(batch=replace(state.batch, self.target, smoothed), scratch=y)
+        if state.scratch is None:
             raise RuntimeError(f"{self.name}: AFTER_LOSS without the matching BEFORE_LOSS")
-        return state.replace(
-            batch=replace(state.batch, self.target, original), algorithm_state=stash
-        )
+        return state.replace(batch=replace(state.batch, self.target, state.scratch), scratch=None)

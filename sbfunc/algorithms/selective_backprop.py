@@ -6,6 +6,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
+
 from sbfunc import random as sbrandom
 from sbfunc.batch import Field, batch_size, extract, take
 from sbfunc.compat.composer import check_window, should_selective_backprop
@@ -14,12 +16,11 @@ from sbfunc.module import LossFn, ModuleLoss
 from sbfunc.policies import (
     Policy,
     Queue,
-    StaleState,
     apply_policy,
     dequeue,
     empty_queue,
     enqueue,
-    stale_scores,
+    score_needed,
 )
 from sbfunc.score import check_scale_factor, score_losses
 from sbfunc.select import Selection, check_keep, rank_power
@@ -36,16 +37,16 @@ class SelectiveBackprop(Algorithm):
     On ``AFTER_DATALOADER``, when ``should_selective_backprop(elapsed, batch_in_epoch, start,
     end, interrupt)`` holds, it scores every row with ``loss_fn`` under no-grad (input
     downsampled by ``scale_factor``), chooses the kept rows from a key split off
-    ``state.key``, prunes **every** leaf of the pytree batch, and sets
+    its own key, prunes **every** leaf of the pytree batch, and sets
     ``state.sample_weights`` from the selection. The scoring forward counts in
     ``time.samples_forwarded``. All arguments are validated here, at construction.
 
     The rows are chosen either by a stateless ``select(scores, keep, *, key)`` (Composer's
     rank-power law by default) or by a selection ``policy`` from :mod:`sbfunc.policies`,
-    whose state lives in ``state.algorithm_state[name]`` (and so checkpoints with the rest).
-    Per-id policies (Stale-SB, Loshchilov, RHO-LOSS, InfoBatch) read the sample ids from the
-    batch field ``ids``; with :func:`~sbfunc.policies.stale_sb` only the rows whose cached
-    loss is stale are scored.
+    whose state is this algorithm's own state (and so checkpoints with the rest). Per-id
+    policies (Stale-SB, Loshchilov, RHO-LOSS, InfoBatch) read the sample ids from the batch
+    field ``ids``; a policy that reads only some rows' scores (``Policy.score_rows``, e.g.
+    :func:`~sbfunc.policies.stale_sb`) gets only those rows scored.
 
     With ``refill`` (an example batch: its structure and its number of rows ``b``), the kept
     rows wait in a FIFO queue (:class:`sbfunc.policies.Queue`) and the batch becomes the ``b``
@@ -75,7 +76,7 @@ class SelectiveBackprop(Algorithm):
             above); selections with weights cannot be queued and raise ``ValueError``.
         input: where the input sits in the batch (for downsampling).
         score_in_train_mode: see ``loss_fn``.
-        name: the name in traces and ``state.algorithm_state``.
+        name: the name in traces (and of its random stream).
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -83,22 +84,20 @@ class SelectiveBackprop(Algorithm):
         >>> sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=0.25, interrupt=0,
         ...                               loss_fn=loss_fn)
         >>> params, buffers = sbfunc.split_module(model)
-        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0))
-        >>> state = state.replace(batch=(torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+        >>> state = sbfunc.State(sbfunc.random.key(0), params, buffers, batch=batch)
         >>> sb.match(sbfunc.Event.AFTER_DATALOADER, state)
         True
         >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
         torch.Size([2, 4])
 
-        With a policy from :mod:`sbfunc.policies` (its state is initialised by
-        ``init_state``):
+        With a policy from :mod:`sbfunc.policies` (its state is ``sb.init(key)``, which
+        ``step.init`` stores):
 
         >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn,
         ...                               policy=sbfunc.policies.jiang_cdf(beta=1.0))
-        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0), algorithms=[sb])
-        >>> state = state.replace(batch=(torch.randn(8, 4), torch.randint(0, 3, (8,))))
-        >>> state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
-        >>> int(state.algorithm_state["SelectiveBackprop"].pushed)
+        >>> state = state.replace(own=sb.init(sbfunc.random.key(1)))
+        >>> int(sb.apply(sbfunc.Event.AFTER_DATALOADER, state).own.pushed)
         8
 
     References:
@@ -167,7 +166,6 @@ class SelectiveBackprop(Algorithm):
         )
 
     def apply(self, event: Event, state: State) -> State:
-        key, sub = sbrandom.split(state.key)
         batch = state.batch
         score = partial(
             score_losses,
@@ -177,45 +175,37 @@ class SelectiveBackprop(Algorithm):
             scale_factor=self.scale_factor,
             input=self.input,
         )
-        t = state.time
-        own: Any = state.algorithm_state.get(self.name)
-        policy_state, queue = (own, None) if self.refill is None else own
+        clock = state.clock
+        epoch: int | torch.Tensor = state.time.epoch if clock is None else clock.epoch
+        elapsed: float | torch.Tensor = state.time.elapsed if clock is None else clock.elapsed
+        policy_state, queue = (state.own, None) if self.refill is None else state.own
         if self.policy is None:
             forwarded = batch_size(batch)
-            selection = self.select(score(batch), self.keep, key=sub)
+            selection = self.select(score(batch), self.keep, key=state.key)
             batch, weights = take(batch, selection.indices), selection.weights
         else:
-            if isinstance(policy_state, StaleState):
-                if self.ids is None:
-                    raise ValueError(f"{self.name}: stale_sb needs the batch field `ids`")
-                ids = extract(batch, self.ids, "ids")
-                scores, forwarded = stale_scores(policy_state, batch, ids, t.epoch, score)
-            else:
-                scores, forwarded = score(batch), batch_size(batch)
+            ids = None if self.ids is None else extract(batch, self.ids, "ids")
+            scores, forwarded = score_needed(self.policy, policy_state, batch, ids, epoch, score)
             pruned = apply_policy(
                 self.policy,
                 policy_state,
                 batch,
                 scores,
-                key=sub,
+                key=state.key,
                 ids=self.ids,
-                epoch=t.epoch,
-                elapsed=t.elapsed,
+                epoch=epoch,
+                elapsed=elapsed,
             )
             batch, weights, policy_state = pruned.batch, pruned.weights, pruned.state
+        own = policy_state
         if queue is not None:
             batch, queue = self._refill(queue, batch, weights)
-            weights = None
-        algorithm_state = state.algorithm_state
-        if self.policy is not None or queue is not None:
-            own = policy_state if queue is None else (policy_state, queue)
-            algorithm_state = {**algorithm_state, self.name: own}
+            weights, own = None, (policy_state, queue)
         return state.replace(
             batch=batch,
             sample_weights=weights,
-            key=key,
-            algorithm_state=algorithm_state,
-            time=t._replace(samples_forwarded=t.samples_forwarded + forwarded),
+            own=own,
+            samples_scored=state.samples_scored + forwarded,
         )
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:

@@ -6,8 +6,10 @@ import math
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from sbfunc.module import _accepts_reduction, reduce_per_sample
+from sbfunc.module_io import module_mode
 from sbfunc.score.downsample import _MODES, downsample
 from sbfunc.select.base import check_keep
 from sbfunc.select.samplers import rank_power_indices
@@ -90,16 +92,23 @@ def select_using_loss(
     scale_factor: float = 1,
     *,
     generator: torch.Generator | None = None,
+    train: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prune ``(input, target)`` to the rows Selective Backprop keeps (Composer-compatible).
 
-    Runs ``model`` without gradients (in its current train/eval mode, as Composer does) on the
-    optionally downsampled input, ranks ``loss_fun(output, target, reduction='none')`` and draws
-    ``max(1, floor(keep*N))`` rows from Composer's rank-power law (see
-    :func:`sbfunc.rank_power`). Unlike Composer, the draw uses ``generator`` (a
-    ``torch.Generator`` on the input's device) instead of the global numpy RNG, rows come back
-    in batch order, ties are broken at random and ``keep``/``scale_factor`` are validated.
+    Runs ``model`` without gradients on the optionally downsampled input, ranks
+    ``loss_fun(output, target, reduction='none')`` and draws ``max(1, floor(keep*N))`` rows
+    from Composer's rank-power law (see :func:`sbfunc.rank_power`). Unlike Composer, the draw
+    uses ``generator`` (a ``torch.Generator`` on the input's device) instead of the global numpy
+    RNG, rows come back in batch order, ties are broken at random and ``keep``/``scale_factor``
+    are validated.
     ``generator=None`` draws from torch's default generator, which ``torch.manual_seed`` seeds.
+
+    **Scoring mode.** ``train=None`` (the default) scores in the model's current train/eval
+    mode, as Composer does: in train mode dropout adds noise to the ranking and BatchNorm
+    updates its running statistics with the scoring pass. ``train=False`` scores in eval mode
+    (deterministic scores, running statistics untouched) and ``train=True`` in train mode; the
+    model's mode, submodule by submodule, is restored afterwards.
 
     Args:
         input: input tensor ``[N, ...]``.
@@ -110,6 +119,8 @@ def select_using_loss(
         scale_factor: spatial scale of the scoring input in (0, 1]; requires a 3-D/4-D/5-D
             input when not 1.
         generator: the source of randomness.
+        train: the model's mode for the scoring forward (``None``: leave it as it is); needs
+            an ``nn.Module`` model when not ``None``.
 
     Returns:
         ``(input[idx], target[idx])`` with ``idx`` sorted ascending.
@@ -117,7 +128,9 @@ def select_using_loss(
     Raises:
         ValueError: if ``scale_factor != 1`` and the input is not 3-D/4-D/5-D, if
             ``scale_factor`` is not in (0, 1], or ``keep`` not in (0, 1].
-        TypeError: if ``loss_fun`` does not accept ``reduction`` or is not callable.
+        TypeError: if ``loss_fun`` does not accept ``reduction`` or is not callable, or
+            ``train`` is not ``None``/a bool or is given for a model that is not an
+            ``nn.Module``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -127,6 +140,11 @@ def select_using_loss(
         ...     x, y, model, torch.nn.functional.cross_entropy, keep=0.5, generator=g)
         >>> xs.shape, ys.shape
         (torch.Size([4, 4]), torch.Size([4]))
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5))
+        >>> _ = sbfunc.select_using_loss(
+        ...     x, y, net, torch.nn.functional.cross_entropy, generator=g, train=False)
+        >>> net.training  # scored in eval mode, then restored
+        True
 
     References:
         Jiang et al. 2019; MosaicML Composer ``select_using_loss``.
@@ -146,8 +164,24 @@ def select_using_loss(
     if scale_factor <= 0:
         raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
     keep = check_keep(keep)
+    if train is not None and not isinstance(train, bool):
+        raise TypeError(f"train must be None, True or False, got {train!r}")
+    if train is not None and not isinstance(model, nn.Module):
+        raise TypeError(
+            f"train={train} sets the scoring mode of an nn.Module, but model is a "
+            f"{type(model).__name__}; pass train=None for a plain callable"
+        )
 
     with torch.no_grad():
-        losses = loss_fun(model(downsample(input, scale_factor)), target, reduction="none")
-        idx = rank_power_indices(reduce_per_sample(losses, input.shape[0]), keep, generator)
+        scored = downsample(input, scale_factor)
+        if isinstance(model, nn.Module):
+            with module_mode(model, train):
+                outputs = model(scored)
+        else:
+            outputs = model(scored)
+        losses = loss_fun(outputs, target, reduction="none")
+        n, dev = input.shape[0], input.device
+        tie_noise = torch.randint(0, 2**32, (n,), generator=generator, device=dev)
+        u = torch.rand(n, generator=generator, device=dev)
+        idx = rank_power_indices(reduce_per_sample(losses, n), keep, tie_noise, u)
     return input[idx], target[idx]

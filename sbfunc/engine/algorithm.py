@@ -24,35 +24,42 @@ FLAGS: tuple[str, ...] = (
 
 
 class Algorithm(ABC):
-    """A training trick as two pure functions of an event and a :class:`State`.
+    """A training trick as pure functions of an event and a :class:`State`.
 
-    ``match(event, state)`` says whether to run; ``apply(event, state)`` returns a **new**
-    state (never mutating its input) or, to report an exit code, the pair
-    ``(new_state, exit_code)``; the engine stores the code in the :class:`Trace`. An algorithm
-    with state of its own overrides ``init(key)``; its state lives in
-    ``state.algorithm_state[self.name]``.
+    * ``init(key)`` returns the algorithm's persistent state (``None`` for none); the step
+      stores it in ``TrainState.algorithm_state`` at the algorithm's position in the list.
+    * ``match(event, state)`` says whether to run. The engine calls it on the host, before the
+      step's tensor work, so decide from ``state.time``, the event and the algorithm's own
+      configuration, never from tensor values (a compiled step would have to sync and
+      recompile). Any truthy value means yes; combinators return their parts' decisions, which
+      ``apply`` reads back as ``state.matched``.
+    * ``apply(event, state)`` returns a **new** state (never mutating its input) or, to report
+      an exit code, ``(new_state, exit_code)``. It sees its own persistent state as
+      ``state.own``, its per-batch scratch as ``state.scratch`` and its own key for this step
+      and event as ``state.key``; it changes them with ``state.replace(...)``. Tensor code
+      reads the clock from ``state.clock``.
 
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``
     (the algorithm prunes the batch, like Selective Backprop: the default passes run it first)
     and ``fuses_layernorm`` (the passes run it last). ``name`` is the class name unless the
-    class body sets one; assign ``self.name`` to override it per instance (a plain attribute:
-    the engine reads it on every event). Combinators list what they wrap in ``parts``.
+    class body or the instance sets one; it labels traces and, with the algorithm's rank among
+    same-named algorithms, derives its random stream (so adding or moving another algorithm
+    never changes its draws). Combinators list what they wrap in ``parts``.
 
     Example:
-        >>> from sbfunc.engine import Algorithm, Event, init_state
+        >>> from sbfunc.engine import Algorithm, Event
         >>> class CountSteps(Algorithm):
         ...     def init(self, key):
         ...         return 0
         ...     def match(self, event, state):
         ...         return event == Event.BATCH_END
         ...     def apply(self, event, state):
-        ...         n = state.algorithm_state[self.name] + 1
-        ...         return state.replace(algorithm_state={**state.algorithm_state, self.name: n})
+        ...         return state.replace(own=state.own + 1)
         >>> alg = CountSteps()
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0), algorithms=[alg])
-        >>> alg.apply(Event.BATCH_END, state).algorithm_state
-        {'CountSteps': 1}
+        >>> state = sbfunc.State(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
+        >>> alg.apply(Event.BATCH_END, state).own
+        1
         >>> alg.name = "counter"; alg
         CountSteps(name='counter')
 
@@ -66,9 +73,9 @@ class Algorithm(ABC):
     selects_samples: bool = False
     fuses_layernorm: bool = False
     parts: tuple[Algorithm, ...] = ()
-    """Sub-algorithms (set by combinators); ``init_state`` initialises their state too."""
+    """Sub-algorithms (set by combinators)."""
     name: str = "Algorithm"
-    """The name in traces and in ``state.algorithm_state``."""
+    """The name in traces; with the rank among same-named algorithms, the random stream."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,21 +86,20 @@ class Algorithm(ABC):
         """The algorithm's own initial state, or ``None`` for none (the default).
 
         Args:
-            key: an ``sbfunc.random`` key reserved for this algorithm.
+            key: an ``sbfunc.random`` key reserved for this algorithm's initialisation.
 
         Returns:
-            Any pytree, stored in ``state.algorithm_state[self.name]`` by ``init_state``.
+            Any pytree with a fixed structure (it is checkpointed with the train state).
 
         Example:
-            >>> from sbfunc.testing import Toy
-            >>> Toy().init(sbfunc.random.key(0)) is None
+            >>> sbfunc.LabelSmoothing(num_classes=3).init(sbfunc.random.key(0)) is None
             True
         """
         return None
 
     @abstractmethod
-    def match(self, event: Event, state: State) -> bool:
-        """Whether to run on ``event`` given ``state`` (called once per event by the engine)."""
+    def match(self, event: Event, state: State) -> Any:
+        """Whether to run on ``event`` (truthy: yes); decided on the host from ``state.time``."""
 
     @abstractmethod
     def apply(self, event: Event, state: State) -> ApplyResult:

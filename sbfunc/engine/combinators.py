@@ -1,19 +1,21 @@
 """Combinators: plain functions that build an :class:`Algorithm` from algorithms.
 
-``chain`` and ``named_chain`` run several algorithms as one; ``on_events``, ``during``,
-``every_n_steps`` and ``when`` gate one algorithm. Every result is an ``Algorithm`` (so it
-nests), declares the OR of its parts' flags, and lists its parts in ``parts`` so that
-``init_state`` stores each part's own state under the part's own name.
+``chain`` and ``named_chain`` run several algorithms as one; their state is the tuple (or, for
+``named_chain``, the dict) of their parts' states, so state mirrors the structure of the
+algorithms and two parts can never collide. ``on_events``, ``during``, ``every_n_steps`` and
+``when`` gate one algorithm and are transparent: same name, state, key and flags as the part.
+Every result is an ``Algorithm`` (so it nests) and lists its parts in ``parts``.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sbfunc import random as sbrandom
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.events import Event
+from sbfunc.engine.run import stream_ids, unpack_result
 from sbfunc.engine.state import State
 
 __all__ = ["chain", "during", "every_n_steps", "named_chain", "on_events", "when"]
@@ -31,83 +33,74 @@ def _inherit_flags(target: Algorithm, parts: Iterable[Algorithm]) -> None:
         setattr(target, flag, any(getattr(p, flag) for p in parts))
 
 
-def _renamed(alg: Algorithm, name: str) -> Algorithm:
-    """A shallow copy of ``alg`` called ``name`` (the caller's object is never renamed)."""
-    if alg.name == name:
-        return alg
-    twin = copy.copy(alg)
-    twin.name = name
-    return twin
-
-
-def unique_names(names: Iterable[str]) -> list[str]:
-    """Make names unique by suffixing repeats ``#1``, ``#2``, ... in order of appearance.
-
-    Args:
-        names: names, possibly repeated.
-
-    Returns:
-        The names, the first occurrence of each unchanged.
-
-    Example:
-        >>> from sbfunc.engine.combinators import unique_names
-        >>> unique_names(["a", "b", "a", "a"])
-        ['a', 'b', 'a#1', 'a#2']
-
-    References:
-        MosaicML Composer engine traces (names keyed per algorithm).
-    """
-    seen: dict[str, int] = {}
-    taken = set()
-    out = []
-    for name in names:
-        label, k = name, seen.get(name, 0)
-        while label in taken:
-            k += 1
-            label = f"{name}#{k}"
-        seen[name] = k
-        taken.add(label)
-        out.append(label)
-    return out
-
-
 class _Chain(Algorithm):
-    """Runs its parts in order; each part is matched on the state its predecessors left."""
+    """Runs its parts in order as one algorithm; state: its parts' states."""
 
-    def __init__(self, parts: tuple[Algorithm, ...], name: str) -> None:
+    def __init__(
+        self, parts: tuple[Algorithm, ...], name: str, names: tuple[str, ...] | None
+    ) -> None:
         self.parts = parts
         self.name = name
+        self.names = names
+        self.streams = stream_ids([p.name for p in parts] if names is None else names)
         _inherit_flags(self, parts)
 
-    def match(self, event: Event, state: State) -> bool:
-        return any(p.match(event, state) for p in self.parts)
+    def _pack(self, values: Iterable[Any]) -> Any:
+        values = tuple(values)
+        return values if self.names is None else dict(zip(self.names, values, strict=True))
+
+    def _items(self, packed: Any) -> list[Any]:
+        if packed is None:
+            return [None] * len(self.parts)
+        return list(packed if self.names is None else packed.values())
+
+    def init(self, key: Any) -> Any:
+        return self._pack(
+            p.init(sbrandom.fold_in(key, s)) for p, s in zip(self.parts, self.streams, strict=True)
+        )
+
+    def match(self, event: Event, state: State) -> Any:
+        own, scratch = self._items(state.own), self._items(state.scratch)
+        decisions = tuple(
+            p.match(event, state.replace(own=own[i], scratch=scratch[i]))
+            for i, p in enumerate(self.parts)
+        )
+        return decisions if any(decisions) else False
 
     def apply(self, event: Event, state: State) -> ApplyResult:
-        code = None
-        for part in self.parts:
-            if part.match(event, state):
-                result = part.apply(event, state)
-                if type(result) is State:
-                    state = result
-                else:
-                    state, part_code = result  # type: ignore[misc]
-                    code = part_code if part_code is not None else code
+        decisions = state.matched
+        own, scratch = self._items(state.own), self._items(state.scratch)
+        key, code = state.key, None
+        for i, part in enumerate(self.parts):
+            if not decisions[i]:
+                continue
+            view = state.replace(
+                own=own[i],
+                scratch=scratch[i],
+                matched=decisions[i],
+                key=sbrandom.fold_in(key, self.streams[i]),
+            )
+            out, part_code = unpack_result(part.apply(event, view), part)
+            own[i], scratch[i] = out.own, out.scratch
+            code = part_code if part_code is not None else code
+            state = out
+        state = state.replace(
+            own=self._pack(own), scratch=self._pack(scratch), matched=decisions, key=key
+        )
         return state if code is None else (state, code)
 
     def __repr__(self) -> str:
-        return f"chain({', '.join(map(repr, self.parts))}, name={self.name!r})"
+        parts = self.parts if self.names is None else zip(self.names, self.parts, strict=True)
+        return f"chain({', '.join(map(repr, parts))}, name={self.name!r})"
 
 
 def chain(*algorithms: Algorithm, name: str = "chain") -> Algorithm:
     """Run ``algorithms`` in order as a single algorithm.
 
-    It matches when any part matches; applying it applies, in order, each part that matches
-    the state left by the parts before it, so ``chain()`` never runs and
-    ``chain(a, chain(b, c))`` has the effect of ``chain(chain(a, b), c)``. (Parts' ``match``
-    is called twice per event, once to decide and once on the running state: keep it pure.)
-    Parts that share a name are renamed ``name#1``, ``name#2``... (on copies, in order), so
-    each keeps its own entry in ``state.algorithm_state``. The last exit code a part reports
-    becomes the chain's.
+    It matches when any part matches (its decision is the tuple of the parts' decisions) and
+    applies, in order, each part that matched. Its state is the tuple of its parts' states and
+    each part draws from its own stream (derived from the chain's key and the part's name and
+    rank among same-named parts). The last exit code a part reports becomes the chain's.
 
     Args:
         *algorithms: the parts.
@@ -117,37 +110,38 @@ def chain(*algorithms: Algorithm, name: str = "chain") -> Algorithm:
         An :class:`Algorithm` whose flags are the OR of its parts' flags.
 
     Raises:
-        TypeError: if a part is not an ``Algorithm`` or ``name`` is not a non-empty str.
+        TypeError: if a part is not an ``Algorithm``.
 
     Example:
-        >>> from sbfunc.engine import Event, chain, init_state
+        >>> from sbfunc.engine import Event, chain
         >>> from sbfunc.testing import Toy
         >>> both = chain(Toy(tag=1), Toy(tag=2))
-        >>> [p.name for p in both.parts]
-        ['Toy', 'Toy#1']
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> both.apply(Event.INIT, state).algorithm_state["log"]
-        (1, 2)
+        >>> state = sbfunc.State(sbfunc.random.key(0), own=both.init(sbfunc.random.key(0)))
+        >>> decision = both.match(Event.INIT, state)
+        >>> both.apply(Event.INIT, state.replace(matched=decision)).own  # each Toy logs its tag
+        ((1,), (2,))
 
     References:
         optax ``chain``; MosaicML Composer algorithm lists.
     """
     parts = tuple(_check_algorithm(a, f"algorithms[{i}]") for i, a in enumerate(algorithms))
-    names = unique_names(p.name for p in parts)
-    return _Chain(tuple(_renamed(p, n) for p, n in zip(parts, names, strict=True)), name)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {name!r}")
+    return _Chain(parts, name, None)
 
 
 def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algorithm:
-    """Like :func:`chain`, naming each part: ``named_chain(a=x, b=y)`` or ``(("a", x), ...)``.
+    """Like :func:`chain`, with named parts: ``named_chain(a=x, b=y)`` or ``(("a", x), ...)``.
 
-    Parts are renamed on copies; their state lives under the given names.
+    Its state is a dict of the parts' states by those names, and each part's random stream is
+    derived from its given name.
 
     Args:
         *pairs: ``(name, algorithm)`` pairs, in order.
         **algorithms: ``name=algorithm``, in order, after the pairs.
 
     Returns:
-        An :class:`Algorithm` (named ``"named_chain"``).
+        An :class:`Algorithm` named ``"named_chain"``.
 
     Raises:
         TypeError: if a pair is not ``(str, Algorithm)``.
@@ -156,26 +150,26 @@ def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algor
     Example:
         >>> from sbfunc.engine import named_chain
         >>> from sbfunc.testing import Toy
-        >>> [p.name for p in named_chain(first=Toy(), second=Toy()).parts]
-        ['first', 'second']
+        >>> named_chain(first=Toy(), second=Toy()).init(sbfunc.random.key(0))
+        {'first': (), 'second': ()}
 
     References:
         optax ``named_chain``.
     """
     items = list(pairs) + list(algorithms.items())
-    parts = []
+    names, parts = [], []
     for i, item in enumerate(items):
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
             raise TypeError(f"pairs[{i}] must be a (name: str, algorithm) pair, got {item!r}")
-        parts.append(_renamed(_check_algorithm(item[1], f"algorithm {item[0]!r}"), item[0]))
-    names = [p.name for p in parts]
+        names.append(item[0])
+        parts.append(_check_algorithm(item[1], f"algorithm {item[0]!r}"))
     if len(set(names)) != len(names):
         raise ValueError(f"named_chain names must be unique, got {names}")
-    return _Chain(tuple(parts), "named_chain")
+    return _Chain(tuple(parts), "named_chain", tuple(names))
 
 
 class _Gated(Algorithm):
-    """Runs ``part`` only while ``gate(event, state)`` holds; same name and flags as ``part``."""
+    """Runs ``part`` only while ``gate(event, state)`` holds; same name, state and flags."""
 
     def __init__(
         self, part: Algorithm, gate: Callable[[Event, State], bool], description: str
@@ -184,19 +178,13 @@ class _Gated(Algorithm):
         self.parts = (part,)
         self.gate = gate
         self.description = description
+        self.name = part.name
         _inherit_flags(self, self.parts)
 
-    @property
-    def name(self) -> str:
-        return self.part.name
+    def init(self, key: Any) -> Any:
+        return self.part.init(key)
 
-    @name.setter
-    def name(self, value: str) -> None:
-        # Only ever called on a copy (see _renamed): rename a copy of the part too.
-        self.part = _renamed(self.part, value)
-        self.parts = (self.part,)
-
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: State) -> Any:
         return self.gate(event, state) and self.part.match(event, state)
 
     def apply(self, event: Event, state: State) -> ApplyResult:
@@ -214,16 +202,16 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
         events: the events it may run on (an empty collection: never).
 
     Returns:
-        An :class:`Algorithm` with ``algorithm``'s name and flags.
+        An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
         TypeError: if ``algorithm`` is not an ``Algorithm`` or an event is not an ``Event``.
 
     Example:
-        >>> from sbfunc.engine import Event, init_state, on_events
+        >>> from sbfunc.engine import Event, on_events
         >>> from sbfunc.testing import Toy
         >>> alg = on_events(Toy(), [Event.BATCH_END])
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
+        >>> state = sbfunc.State(sbfunc.random.key(0))
         >>> alg.match(Event.BATCH_END, state), alg.match(Event.INIT, state)
         (True, False)
 
@@ -254,18 +242,19 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
         end: first inactive fraction, in ``[start, 1]``; ``end == start`` never runs.
 
     Returns:
-        An :class:`Algorithm` with ``algorithm``'s name and flags.
+        An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
         TypeError: if ``algorithm`` is not an ``Algorithm``.
         ValueError: if ``start`` or ``end`` is outside ``[0, 1]`` or ``end < start``.
 
     Example:
-        >>> from sbfunc.engine import Event, Time, during, init_state
+        >>> from sbfunc.engine import Event, during
         >>> from sbfunc.testing import Toy
         >>> alg = during(Toy(), 0.5, 0.9)
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> [alg.match(Event.INIT, state.replace(time=Time(elapsed=t))) for t in (0.4, 0.5, 0.9)]
+        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> [alg.match(Event.INIT, state.replace(time=sbfunc.Time(elapsed=t)))
+        ...  for t in (0.4, 0.5, 0.9)]
         [False, True, False]
 
     References:
@@ -287,22 +276,23 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
 
     Args:
         algorithm: the algorithm to gate.
-        n: the period in optimizer steps (``state.time.step``), ``>= 1``.
+        n: the period in steps (``state.time.step``), ``>= 1``.
         offset: the first active step, ``>= 0``.
 
     Returns:
-        An :class:`Algorithm` with ``algorithm``'s name and flags.
+        An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
         TypeError: if ``algorithm`` is not an ``Algorithm``.
         ValueError: if ``n < 1`` or ``offset < 0`` (or either is not an int).
 
     Example:
-        >>> from sbfunc.engine import Event, Time, every_n_steps, init_state
+        >>> from sbfunc.engine import Event, every_n_steps
         >>> from sbfunc.testing import Toy
         >>> alg = every_n_steps(Toy(), 3, offset=1)
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> [s for s in range(8) if alg.match(Event.INIT, state.replace(time=Time(step=s)))]
+        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> [s for s in range(8)
+        ...  if alg.match(Event.INIT, state.replace(time=sbfunc.Time(step=s)))]
         [1, 4, 7]
 
     References:
@@ -324,22 +314,26 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
 def when(algorithm: Algorithm, predicate: Callable[[State], Any]) -> Algorithm:
     """Run ``algorithm`` only when ``predicate(state)`` is true.
 
+    The predicate runs on the host with ``match`` (before the step's tensor work): decide from
+    ``state.time`` and Python values, not from tensors.
+
     Args:
         algorithm: the algorithm to gate.
         predicate: a pure function of the state (called once per event, before ``match``).
 
     Returns:
-        An :class:`Algorithm` with ``algorithm``'s name and flags.
+        An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
         TypeError: if ``algorithm`` is not an ``Algorithm`` or ``predicate`` is not callable.
 
     Example:
-        >>> from sbfunc.engine import Event, Time, init_state, when
+        >>> from sbfunc.engine import Event, when
         >>> from sbfunc.testing import Toy
         >>> alg = when(Toy(), lambda s: s.time.epoch >= 2)
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> alg.match(Event.INIT, state), alg.match(Event.INIT, state.replace(time=Time(epoch=2)))
+        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> later = state.replace(time=sbfunc.Time(epoch=2))
+        >>> alg.match(Event.INIT, state), alg.match(Event.INIT, later)
         (False, True)
 
     References:

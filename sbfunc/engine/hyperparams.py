@@ -7,6 +7,7 @@ from typing import Any
 
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.events import Event
+from sbfunc.engine.run import unpack_result
 from sbfunc.engine.state import State
 
 __all__ = ["Schedule", "inject_hyperparams"]
@@ -16,7 +17,7 @@ Schedule = Callable[[float], float]
 
 
 class _Injected(Algorithm):
-    """Rebuilds ``factory(**values)`` from the values in ``algorithm_state[self.name]``."""
+    """Rebuilds ``factory(**values)`` from its state ``(values, part_state)``."""
 
     def __init__(
         self, factory: Callable[..., Algorithm], hparams: Mapping[str, Any], name: str | None
@@ -47,20 +48,21 @@ class _Injected(Algorithm):
         return alg
 
     def _current(self, state: State) -> tuple[dict[str, Any], Algorithm]:
-        stored = state.algorithm_state.get(self.name, self.initial)
-        values = self._values(state.time.elapsed, stored)
+        values = self._values(state.time.elapsed, state.own[0])
         return values, self._build(values)
 
     def init(self, key: Any) -> Any:
-        return self._values(0.0, self.initial)
+        values = self._values(0.0, self.initial)
+        return values, self._build(values).init(key)
 
-    def match(self, event: Event, state: State) -> bool:
-        return self._current(state)[1].match(event, state)
+    def match(self, event: Event, state: State) -> Any:
+        return self._current(state)[1].match(event, state.replace(own=state.own[1]))
 
     def apply(self, event: Event, state: State) -> ApplyResult:
         values, alg = self._current(state)
-        state = state.replace(algorithm_state={**state.algorithm_state, self.name: values})
-        return alg.apply(event, state)
+        out, code = unpack_result(alg.apply(event, state.replace(own=state.own[1])), alg)
+        out = out.replace(own=(values, out.own))
+        return out if code is None else (out, code)
 
 
 def inject_hyperparams(
@@ -69,13 +71,17 @@ def inject_hyperparams(
     """Make ``factory``'s keyword hyperparameters live in state, optionally as schedules.
 
     ``inject_hyperparams(factory)(**hparams)`` is an algorithm that, on every event, builds
-    ``factory(**values)`` and delegates ``match``/``apply`` to it. ``values`` are the current
-    hyperparameters: a callable hyperparameter is a :data:`Schedule` evaluated at
-    ``state.time.elapsed``; any other value is read from ``state.algorithm_state[name]``, so
-    editing it there (functionally, with ``State.replace``) changes it. ``apply`` writes the
-    values it used back there. The algorithm ``factory`` builds keeps its own state under its
-    own name (it is listed in ``parts``); ``factory`` must be pure (same values, same
-    algorithm): the last build is reused while the values do not change.
+    ``factory(**values)`` and delegates ``match``/``apply`` to it. Its state is
+    ``(values, part_state)``: ``values`` are the current hyperparameters (a callable
+    hyperparameter is a :data:`Schedule` evaluated at ``state.time.elapsed``; any other value
+    is read from the state, so editing it there, functionally, changes it) and ``part_state``
+    the built algorithm's own state. ``apply`` writes the values it used back. ``factory``
+    must be pure (same values, same algorithm): the last build is reused while the values do
+    not change.
+
+    Under ``torch.compile`` the values are Python numbers baked into the step's graph: a
+    schedule that changes its value every step recompiles every step, so prefer schedules
+    that change rarely (piecewise constant) for compiled steps.
 
     Args:
         factory: ``(**hparams) -> Algorithm``, e.g. an ``Algorithm`` subclass.
@@ -88,12 +94,12 @@ def inject_hyperparams(
         TypeError: if ``factory`` is not callable or does not return an ``Algorithm``.
 
     Example:
-        >>> from sbfunc.engine import Event, Time, init_state, inject_hyperparams
+        >>> from sbfunc.engine import Event, inject_hyperparams
         >>> from sbfunc.testing import Toy
         >>> alg = inject_hyperparams(Toy)(tag=lambda t: round(10 * t))
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0), algorithms=[alg])
-        >>> state = alg.apply(Event.INIT, state.replace(time=Time(elapsed=0.3)))
-        >>> state.algorithm_state["hyperparams:Toy"], state.algorithm_state["log"]
+        >>> key = sbfunc.random.key(0)
+        >>> state = sbfunc.State(key, own=alg.init(key), time=sbfunc.Time(elapsed=0.3))
+        >>> alg.apply(Event.INIT, state).own  # (values, the Toy's own log)
         ({'tag': 3}, (3,))
 
     References:

@@ -235,19 +235,22 @@ def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> list[Algori
 def keep_selective_backprop_first(
     algorithms: Sequence[Algorithm], event: Event
 ) -> list[Algorithm]:
-    """After the FILO reversal, put the sample-selecting algorithms first again, stably.
+    """After the FILO reversal, put the sample-selecting algorithms first again, in list order.
 
     This is the one rule sbfunc adds to Composer's passes (see the module docstring): on
     ``AFTER_DATALOADER`` Selective Backprop must score the raw batch before any augmentation,
     which the FILO reversal would otherwise undo. It applies on every event, so a selector
     always sees the batch as the event delivers it and later algorithms see only kept rows.
+    Among several selectors it undoes the reversal too, so they run in the order of the
+    algorithm list on every event (a noise filter listed before Selective Backprop filters
+    first on ``AFTER_DATALOADER`` as on ``BEFORE_FORWARD``).
 
     Args:
         algorithms: the list ``set_filo_order`` returned (left as it is).
-        event: ignored; the rule holds on all events.
+        event: the event (the selectors' reversal is undone on the FILO events).
 
     Returns:
-        The selectors, then the others, each group in its incoming order.
+        The selectors, in list order, then the others in their incoming order.
 
     Example:
         >>> from sbfunc.engine import Event
@@ -265,7 +268,12 @@ def keep_selective_backprop_first(
     References:
         Jiang et al. 2019 (Selective Backprop); MosaicML Composer ``core.passes``.
     """
-    return _flag_front(algorithms, "selects_samples", True)
+    hit = [a for a in algorithms if a.selects_samples]
+    if not hit:
+        return list(algorithms)
+    if event in _FILO_EVENTS:
+        hit.reverse()
+    return hit + [a for a in algorithms if not a.selects_samples]
 
 
 def warn_if_multiple_loss_interpolation(

@@ -1,39 +1,54 @@
-"""The immutable train state: a NamedTuple pytree updated functionally with ``replace``."""
+"""The two states of a run, by lifetime: what persists between steps and what one event sees.
+
+* :class:`TrainState` persists from step to step (and into checkpoints): parameters, buffers,
+  the optimizer state, one state per algorithm (a tuple that mirrors the algorithm list), the
+  root key and the clock. ``step.init(params, buffers, key=...)`` builds it; nothing else does.
+* :class:`State` is what one algorithm sees when it is applied on one event (Composer's
+  ``State``): the persistent fields, the current batch's values (``batch``, ``outputs``,
+  ``loss``, ``losses``, ``sample_weights``), which live for one step only, and three fields
+  focused on that algorithm: ``own`` (its entry of ``TrainState.algorithm_state``),
+  ``scratch`` (its per-batch entry, ``None`` at the start of every step) and ``key`` (its own
+  random key for this step and event).
+
+Time comes in two forms. :class:`Time` holds the host clock as plain Python numbers (what
+``match`` decides from: reading it never syncs a device, and the engine decides outside the
+compiled step). :class:`Clock` carries the same clock as 0-d tensors for code that runs inside
+the step (``apply``): a Python number read there would be baked into a compiled graph and
+recompile it every step.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc import random as sbrandom
+__all__ = ["Clock", "State", "Time", "TrainState"]
 
-if TYPE_CHECKING:
-    from sbfunc.engine.algorithm import Algorithm
-
-__all__ = ["State", "Time", "init_state", "load_state_dict", "state_dict"]
+Params = dict[str, torch.Tensor]
 
 
 class Time(NamedTuple):
-    """Training progress, as plain Python numbers (reading them never syncs a device).
+    """Training progress on the host.
 
     Attributes:
-        step: optimizer steps done.
+        step: loader batches consumed by steps (optimizer updates plus skipped updates).
         epoch: epochs done.
         batch_in_epoch: index of the current batch inside the epoch.
-        elapsed: fraction of training done, in ``[0, 1]``.
-        samples_forwarded: samples that went through a forward pass (scoring included).
-        samples_backpropagated: samples that the gradient was computed on.
+        elapsed: fraction of training done, in ``[0, 1]`` (set by :func:`sbfunc.fit`).
+        samples_forwarded: rows that went through a forward pass (scoring passes included).
+        samples_backpropagated: rows the gradient was computed on.
+        updates_skipped: a 0-d ``int64`` tensor (on the device, so counting never syncs):
+            steps whose update did not reach the parameters (a non-finite loss or gradient, or
+            no rows left to train on). ``None`` only in a hand-made ``Time``.
 
     Example:
-        >>> from sbfunc.engine import Time
-        >>> Time(step=3, elapsed=0.5)._replace(step=4)
-        Time(step=4, epoch=0, batch_in_epoch=0, elapsed=0.5, samples_forwarded=0, samples_backpropagated=0)
+        >>> sbfunc.Time(step=3, elapsed=0.5)._replace(step=4).step
+        4
 
     References:
         MosaicML Composer ``composer.core.Timestamp``.
-    """  # noqa: E501
+    """
 
     step: int = 0
     epoch: int = 0
@@ -41,212 +56,159 @@ class Time(NamedTuple):
     elapsed: float = 0.0
     samples_forwarded: int = 0
     samples_backpropagated: int = 0
+    updates_skipped: torch.Tensor | None = None
 
 
-class State(NamedTuple):
-    """Everything a training loop carries between events, as one immutable pytree.
-
-    A NamedTuple is an optree pytree node natively, so ``optree.tree_map`` reaches every tensor
-    (e.g. to move a state to a device). Never mutate a state or its dicts: build a new one with
-    :meth:`replace`. ``key`` comes third and has no default, so no state ever holds a hidden
-    seed; use :func:`init_state` to build one.
+class Clock(NamedTuple):
+    """The host clock as 0-d tensors, for tensor code inside the step.
 
     Attributes:
-        params: trainable tensors by name (``sbfunc.split_module``).
-        buffers: non-trainable tensors by name.
-        key: an ``sbfunc.random`` key; algorithms split it and store the remainder back.
-        opt_state: the optimizer state (e.g. torchopt's).
-        batch: the current pytree batch.
-        outputs: the model outputs of the current batch.
-        loss: the current loss.
-        sample_weights: per-sample loss weights of the current batch (set by selection
-            policies), or ``None`` for a plain mean.
-        time: a :class:`Time`.
-        algorithm_state: each algorithm's own state, by algorithm name.
+        step: ``int64``, :attr:`Time.step`.
+        epoch: ``int64``, :attr:`Time.epoch`.
+        elapsed: ``float32``, :attr:`Time.elapsed`.
 
     Example:
-        >>> from sbfunc.engine import State
-        >>> s = State(params={}, buffers={}, key=sbfunc.random.key(0))
-        >>> s.replace(loss=torch.tensor(1.0)).loss
-        tensor(1.)
-        >>> s.loss is None
-        True
+        >>> clock = sbfunc.Clock.of(sbfunc.Time(step=7, elapsed=0.25))
+        >>> clock.step, clock.elapsed
+        (tensor(7), tensor(0.2500))
 
     References:
-        MosaicML Composer ``composer.core.State``; optax/flax ``TrainState``.
+        JAX: a traced step reads its counters from arrays, never from Python numbers.
     """
 
-    params: dict[str, torch.Tensor]
-    buffers: dict[str, torch.Tensor]
+    step: torch.Tensor
+    epoch: torch.Tensor
+    elapsed: torch.Tensor
+
+    @staticmethod
+    def of(time: Time, device: torch.device | str | None = None) -> Clock:
+        """The clock of ``time`` on ``device`` (three small host-to-device copies)."""
+        return Clock(
+            torch.tensor(time.step, dtype=torch.int64, device=device),
+            torch.tensor(time.epoch, dtype=torch.int64, device=device),
+            torch.tensor(time.elapsed, dtype=torch.float32, device=device),
+        )
+
+
+class TrainState(NamedTuple):
+    """Everything that persists from one training step to the next, as one immutable pytree.
+
+    Build it with ``step.init(params, buffers, key=key)`` (see :func:`sbfunc.make_train_step`),
+    which also initialises the optimizer and every algorithm. A NamedTuple is an optree node, so
+    ``optree.tree_map`` reaches every tensor (to move a state to a device) and
+    :mod:`sbfunc.checkpoint` saves and loads it against a freshly initialised template.
+
+    Attributes:
+        params: trainable tensors by name (:func:`sbfunc.split_module`).
+        buffers: non-trainable tensors by name.
+        key: the root :mod:`sbfunc.random` key. It never changes: every random draw of a run is
+            derived from it, the clock and the drawing algorithm's place in the list.
+        opt_state: the optimizer state (:mod:`sbfunc.optim`).
+        algorithm_state: one entry per algorithm, in the order of the algorithm list (a
+            combinator's entry holds its parts' states the same way).
+        time: the :class:`Time`.
+
+    Example:
+        >>> s = sbfunc.TrainState({"w": torch.ones(2)}, {}, sbfunc.random.key(0))
+        >>> s.replace(params={"w": torch.zeros(2)}).params["w"], s.params["w"]
+        (tensor([0., 0.]), tensor([1., 1.]))
+
+    References:
+        flax ``TrainState``; optax (state that mirrors the structure of the transforms).
+    """
+
+    params: Params
+    buffers: Params
     key: torch.Tensor
     opt_state: Any = ()
-    batch: Any = None
-    outputs: Any = None
-    loss: torch.Tensor | None = None
-    sample_weights: torch.Tensor | None = None
+    algorithm_state: tuple[Any, ...] = ()
     time: Time = Time()
-    algorithm_state: dict[str, Any] = {}  # noqa: RUF012  (never mutated: replaced)
 
-    def replace(self, **changes: Any) -> State:
-        """A new state with ``changes`` applied (this one is unchanged).
-
-        Args:
-            **changes: new values by field name.
-
-        Returns:
-            The updated copy.
-
-        Raises:
-            TypeError: if a name is not a field of ``State`` (the message names it).
+    def replace(self, **changes: Any) -> TrainState:
+        """A new state with ``changes`` applied; raises ``TypeError`` naming an unknown field.
 
         Example:
-            >>> from sbfunc.engine import State
-            >>> s = State(params={}, buffers={}, key=sbfunc.random.key(0))
-            >>> s.replace(batch=torch.ones(2)).batch
-            tensor([1., 1.])
+            >>> s = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
             >>> s.replace(lr=0.1)
             Traceback (most recent call last):
             ...
-            TypeError: State has no field 'lr'; fields are ...
+            TypeError: TrainState has no field 'lr'; fields are params, buffers, key, ...
         """
-        try:
-            return self._replace(**changes)
-        except ValueError:
-            unknown = sorted(set(changes) - set(self._fields))
-            raise TypeError(
-                f"State has no field {unknown[0]!r}; fields are {', '.join(self._fields)}"
-            ) from None
+        return _replace(self, changes)
 
 
-def init_state(
-    params: Mapping[str, torch.Tensor],
-    buffers: Mapping[str, torch.Tensor],
-    *,
-    key: torch.Tensor,
-    opt_state: Any = (),
-    algorithms: Iterable[Algorithm] = (),
-) -> State:
-    """Build a :class:`State` and fill ``algorithm_state`` from each algorithm's ``init``.
+class State(NamedTuple):
+    """What one algorithm sees when it is applied on one event.
 
-    Combined algorithms are walked depth first through their ``parts``, so the state of every
-    chained or wrapped algorithm is stored under its own name. Each gets its own key, folded in
-    from ``key`` by its position in that walk; ``state.key`` stays ``key``.
+    An ``apply(event, state)`` reads these fields and returns ``state.replace(...)``; the engine
+    writes ``params``, ``buffers``, ``opt_state``, the batch's values and ``own``/``scratch``
+    back into the run. ``key`` is the algorithm's own key for this step and event: draw from
+    it (split it for several draws) and never store it.
 
-    Args:
-        params: trainable tensors by name (copied into a new dict).
-        buffers: non-trainable tensors by name (copied into a new dict).
-        key: an ``sbfunc.random`` key.
+    Attributes:
+        key: this algorithm's key for this step and event.
+        params: trainable tensors by name.
+        buffers: non-trainable tensors by name.
         opt_state: the optimizer state.
-        algorithms: algorithms whose ``init(key)`` result is stored under their ``name``.
-
-    Returns:
-        The initial state (time zero, no batch).
-
-    Raises:
-        TypeError: if ``key`` is not an ``sbfunc.random`` key, or an algorithm lacks ``init``.
-        ValueError: if two algorithms with state share a name.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 1)
-        >>> params, buffers = sbfunc.split_module(model)
-        >>> from sbfunc.engine import init_state
-        >>> state = init_state(params, buffers, key=sbfunc.random.key(0))
-        >>> sorted(state.params), state.time.step, state.algorithm_state
-        (['bias', 'weight'], 0, {})
-
-    References:
-        optax ``GradientTransformation.init``; flax ``TrainState.create``.
-    """
-    if not sbrandom.is_key(key):
-        raise TypeError(f"key must be an sbfunc.random key (0-d int64 CPU tensor), got {key!r}")
-    algorithm_state: dict[str, Any] = {}
-    for i, alg in enumerate(_walk(algorithms)):
-        init = getattr(alg, "init", None)
-        if init is None:
-            raise TypeError(f"algorithms must hold sbfunc Algorithms, got {alg!r}")
-        value = init(sbrandom.fold_in(key, i))
-        if value is None:
-            continue
-        if alg.name in algorithm_state:
-            raise ValueError(
-                f"algorithm {alg!r} has name {alg.name!r}, already used by another algorithm with "
-                "state; give it a unique name (name=...) or combine them with chain()"
-            )
-        algorithm_state[alg.name] = value
-    return State(
-        params=dict(params),
-        buffers=dict(buffers),
-        key=key,
-        opt_state=opt_state,
-        algorithm_state=algorithm_state,
-    )
-
-
-def _walk(algorithms: Iterable[Algorithm]) -> Iterable[Algorithm]:
-    """Every algorithm and, depth first, the ``parts`` it combines."""
-    for alg in algorithms:
-        yield alg
-        yield from _walk(getattr(alg, "parts", ()))
-
-
-def state_dict(state: State) -> dict[str, Any]:
-    """A plain-dict form of a state that ``torch.load(..., weights_only=True)`` accepts.
-
-    ``weights_only`` loading refuses NamedTuple classes, so :class:`State` and :class:`Time`
-    become dicts; the other leaves (tensors, numbers, strings, dicts, lists) stay as they are.
-    An ``opt_state`` holding other NamedTuples (torchopt's) needs ``sbfunc.checkpoint``.
-
-    Args:
-        state: the state to convert.
-
-    Returns:
-        ``{field: value}`` with ``time`` as a dict.
+        time: the host :class:`Time` (for ``match``; inside ``apply`` read :attr:`clock`).
+        clock: the clock as tensors (``None`` outside a step when nothing needs it).
+        own: this algorithm's persistent state (its ``init(key)`` value, as last returned).
+        scratch: this algorithm's per-batch state; ``None`` at the start of every step.
+        matched: what this algorithm's ``match`` returned for this event (combinators return
+            their parts' decisions and read them back here).
+        batch: the current batch (any pytree).
+        outputs: the model outputs of the current batch (``AFTER_FORWARD`` on).
+        loss: the training loss, a 0-d tensor (``AFTER_LOSS`` on).
+        losses: the per-sample training losses of the rows of ``batch``, detached
+            (``AFTER_LOSS`` on).
+        grads: the gradients of ``loss`` by parameter name (``AFTER_BACKWARD``; an algorithm
+            that changes them there changes the update).
+        sample_weights: per-sample loss weights set by selection policies, or ``None``.
+        samples_scored: rows forwarded by scoring passes during this step.
 
     Example:
-        >>> import io
-        >>> from sbfunc.engine import init_state, load_state_dict, state_dict
-        >>> s = init_state({"w": torch.ones(2)}, {}, key=sbfunc.random.key(0))
-        >>> buf = io.BytesIO()
-        >>> torch.save(state_dict(s), buf)
-        >>> _ = buf.seek(0)
-        >>> load_state_dict(torch.load(buf, weights_only=True)).params
-        {'w': tensor([1., 1.])}
+        >>> s = sbfunc.State(sbfunc.random.key(0), batch=(torch.zeros(2, 3),))
+        >>> s.replace(loss=torch.tensor(1.0)).loss
+        tensor(1.)
 
     References:
-        PyTorch ``torch.load(weights_only=True)``.
+        MosaicML Composer ``composer.core.State``.
     """
-    d = state._asdict()
-    d["time"] = state.time._asdict()
-    return d
+
+    key: torch.Tensor
+    params: Params = {}  # noqa: RUF012  (never mutated: replaced)
+    buffers: Params = {}  # noqa: RUF012
+    opt_state: Any = ()
+    time: Time = Time()
+    clock: Clock | None = None
+    own: Any = ()
+    scratch: Any = None
+    matched: Any = True
+    batch: Any = None
+    outputs: Any = None
+    loss: torch.Tensor | None = None
+    losses: torch.Tensor | None = None
+    grads: Params | None = None
+    sample_weights: torch.Tensor | None = None
+    samples_scored: int = 0
+
+    def replace(self, **changes: Any) -> State:
+        """A new state with ``changes`` applied; raises ``TypeError`` naming an unknown field.
+
+        Example:
+            >>> s = sbfunc.State(sbfunc.random.key(0))
+            >>> s.replace(batch=torch.ones(2)).batch
+            tensor([1., 1.])
+        """
+        return _replace(self, changes)
 
 
-def load_state_dict(d: Mapping[str, Any]) -> State:
-    """Rebuild a :class:`State` from :func:`state_dict` output.
-
-    Args:
-        d: the dict written by :func:`state_dict`.
-
-    Returns:
-        The state.
-
-    Raises:
-        TypeError: if ``d`` has a key that is not a ``State`` field, or misses a required one.
-
-    Example:
-        >>> from sbfunc.engine import init_state, load_state_dict, state_dict
-        >>> s = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> load_state_dict(state_dict(s)) == s
-        True
-
-    References:
-        PyTorch ``Module.load_state_dict`` (naming).
-    """
-    fields = dict(d)
-    if "time" in fields:
-        fields["time"] = Time(**fields["time"])
-    unknown = sorted(set(fields) - set(State._fields))
-    if unknown:
+def _replace(obj: Any, changes: dict[str, Any]) -> Any:
+    try:
+        return obj._replace(**changes)
+    except ValueError:
+        unknown = sorted(set(changes) - set(obj._fields))
         raise TypeError(
-            f"d has key {unknown[0]!r}, not a State field ({', '.join(State._fields)})"
-        )
-    return State(**fields)
+            f"{type(obj).__name__} has no field {unknown[0]!r}; fields are "
+            f"{', '.join(obj._fields)}"
+        ) from None

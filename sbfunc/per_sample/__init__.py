@@ -6,6 +6,7 @@
 """
 
 from sbfunc.per_sample.engine import check_subsampling
+from sbfunc.per_sample.fallback import VmapFallbackWarning
 from sbfunc.per_sample.transforms import (
     PerSampleTransform,
     SquaredNorms,
@@ -18,6 +19,7 @@ from sbfunc.per_sample.transforms import (
 __all__ = [
     "PerSampleTransform",
     "SquaredNorms",
+    "VmapFallbackWarning",
     "batch_grad",
     "batch_l2_grad",
     "check_subsampling",

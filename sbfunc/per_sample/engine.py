@@ -4,7 +4,8 @@ Per chunk of the selected samples, one forward runs under a
 :class:`~sbfunc.per_sample.intercept.LayerRecorder`; one backward of ``losses.sum()`` to the
 recorded layer outputs gives every covered Linear/Conv parameter's quantities from the layer
 identities (:mod:`sbfunc.per_sample.layers`); the other parameters go through ``vmap(grad)``
-(:func:`~sbfunc.per_sample.fallback.vmap_grads`) with the covered ones held constant.
+(:func:`~sbfunc.per_sample.fallback.vmap_grads`, or a per-sample loop where torch cannot vmap
+the loss) with the covered ones held constant.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 import torch
 
-from sbfunc.batch import batch_size, take
+from sbfunc.batch import PerSample, batch_size, take
 from sbfunc.module import LossFn, Params, reduce_per_sample
 from sbfunc.per_sample.fallback import vmap_grads
 from sbfunc.per_sample.intercept import LayerRecorder
@@ -169,6 +170,7 @@ def _chunk(
     names: list[str],
     stats: tuple[Stat, ...],
     n: int,
+    per_sample: PerSample,
 ) -> dict[str, Params]:
     diff = {k: params[k].detach().requires_grad_() for k in names}
     with torch.enable_grad(), LayerRecorder({id(v): k for k, v in diff.items()}, n) as rec:
@@ -193,7 +195,9 @@ def _chunk(
     rest = [k for k in names if k not in out[stats[0]]]
     if rest:
         frozen = {k: v.detach() for k, v in params.items()}
-        for k, g in vmap_grads(loss_fn, frozen, buffers, batch, rest).items():
+        for k, g in vmap_grads(
+            loss_fn, frozen, buffers, batch, rest, per_sample=per_sample
+        ).items():
             for stat in stats:
                 out[stat][k] = _FROM_GRADS[stat](g)
     return {stat: {k: out[stat][k] for k in names} for stat in stats}
@@ -209,6 +213,7 @@ def compute(
     stats: tuple[Stat, ...],
     subsampling: Any,
     chunk_size: int | None,
+    per_sample: PerSample = None,
 ) -> dict[str, Params]:
     """Statistics of the per-sample gradients of the selected samples, per stat and parameter.
 
@@ -224,6 +229,7 @@ def compute(
         stats: the statistics to compute in one pass.
         subsampling: indices (see :func:`check_subsampling`) or ``None``.
         chunk_size: samples per forward/backward, or ``None`` for all at once.
+        per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`).
 
     Returns:
         ``{stat: {name: Tensor}}``.
@@ -251,17 +257,20 @@ def compute(
     ):
         raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
     names = resolve_wrt(wrt, params)
-    n = batch_size(batch)
+    n = batch_size(batch, per_sample=per_sample)
     idx = None
     if subsampling is not None:
         idx = check_subsampling(subsampling, n)
         n = idx.numel()
     if chunk_size is None or chunk_size >= n:
-        pieces = [(batch if idx is None else take(batch, idx), n)]
+        pieces = [(batch if idx is None else take(batch, idx, per_sample=per_sample), n)]
     else:
         rows = idx if idx is not None else torch.arange(n)
-        pieces = [(take(batch, part), part.numel()) for part in rows.split(chunk_size)]
-    results = [_chunk(loss_fn, params, buffers, b, names, stats, m) for b, m in pieces]
+        pieces = [
+            (take(batch, part, per_sample=per_sample), part.numel())
+            for part in rows.split(chunk_size)
+        ]
+    results = [_chunk(loss_fn, params, buffers, b, names, stats, m, per_sample) for b, m in pieces]
     if len(results) == 1:
         return results[0]
     return {stat: _combine([r[stat] for r in results], stat, names) for stat in stats}

@@ -9,6 +9,8 @@ Each transform takes a :class:`~sbfunc.module.LossFn` and returns
 * ``chunk_size``: process at most this many samples per forward/backward to bound memory.
 * ``wrt`` (at construction): parameter names or module prefixes to differentiate; the others
   are frozen (constants) and absent from the results.
+* ``per_sample`` (at construction): which leaves of the batch are per-sample
+  (:data:`sbfunc.batch.PerSample`), for batches the default rule misreads.
 
 Gradients are those of each sample's **own** loss ``loss_fn(...)[i]`` (unscaled). BackPACK
 differentiates the batch loss, usually the mean ``(1/N) sum_i loss_i`` over the *whole* batch
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from sbfunc.batch import batch_size
+from sbfunc.batch import PerSample, batch_size, check_per_sample
 from sbfunc.module import LossFn, Params
 from sbfunc.per_sample.engine import Stat, check_wrt, compute
 
@@ -108,10 +110,11 @@ def _check_loss_fn(loss_fn: LossFn) -> None:
 
 
 def _stats(
-    loss_fn: LossFn, wrt: Sequence[str] | None, stats: tuple[Stat, ...]
+    loss_fn: LossFn, wrt: Sequence[str] | None, stats: tuple[Stat, ...], per_sample: PerSample
 ) -> PerSampleTransform[dict[str, Params]]:
     _check_loss_fn(loss_fn)
     names = check_wrt(wrt)
+    check_per_sample(per_sample)
 
     def f(
         params: Params,
@@ -131,12 +134,15 @@ def _stats(
             stats=stats,
             subsampling=subsampling,
             chunk_size=chunk_size,
+            per_sample=per_sample,
         )
 
     return f
 
 
-def batch_grad(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampleTransform[Params]:
+def batch_grad(
+    loss_fn: LossFn, *, wrt: Sequence[str] | None = None, per_sample: PerSample = None
+) -> PerSampleTransform[Params]:
     """Per-sample gradients: ``{name: Tensor[S, *shape]}``, row ``i`` the gradient of sample
     ``subsampling[i]``'s own loss.
 
@@ -149,12 +155,15 @@ def batch_grad(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampl
             them, as after ``torch.func.replace_all_batch_norm_modules_``, each sample is
             normalized on its own, through ``vmap``).
         wrt: parameter names or module prefixes to differentiate (default: all).
+        per_sample: which leaves of the batch are per-sample
+            (:data:`sbfunc.batch.PerSample`; default: inferred).
 
     Returns:
         ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> dict``.
 
     Raises:
-        TypeError: for a non-callable ``loss_fn`` or a malformed ``wrt``. Calls raise
+        TypeError: for a non-callable ``loss_fn``, a malformed ``wrt`` or ``per_sample``.
+            Calls raise
             ``ValueError`` for bad indices, unknown ``wrt`` names, train-mode BatchNorm or a
             loss that is not ``[N]``.
 
@@ -172,12 +181,12 @@ def batch_grad(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampl
         Dangel et al. 2020, "BackPACK: Packing more into backprop" (``BatchGrad``);
         Goodfellow 2015, "Efficient per-example gradient computations".
     """
-    f = _stats(loss_fn, wrt, ("grad",))
+    f = _stats(loss_fn, wrt, ("grad",), per_sample)
     return lambda params, buffers, batch, /, **kw: f(params, buffers, batch, **kw)["grad"]
 
 
 def batch_l2_grad(
-    loss_fn: LossFn, *, wrt: Sequence[str] | None = None
+    loss_fn: LossFn, *, wrt: Sequence[str] | None = None, per_sample: PerSample = None
 ) -> PerSampleTransform[SquaredNorms]:
     """Per-sample squared gradient norms, per parameter and in total (:class:`SquaredNorms`).
 
@@ -190,13 +199,16 @@ def batch_l2_grad(
         loss_fn: per-sample loss function ``(params, buffers, batch) -> Tensor[N]`` whose
             samples do not interact (no train-mode BatchNorm).
         wrt: parameter names or module prefixes to differentiate (default: all).
+        per_sample: which leaves of the batch are per-sample
+            (:data:`sbfunc.batch.PerSample`; default: inferred).
 
     Returns:
         ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> SquaredNorms``
         (``total`` and ``per_param``, each ``[S]``).
 
     Raises:
-        TypeError: for a non-callable ``loss_fn`` or a malformed ``wrt``. Calls raise
+        TypeError: for a non-callable ``loss_fn``, a malformed ``wrt`` or ``per_sample``.
+            Calls raise
             ``ValueError`` as :func:`batch_grad`'s do.
 
     Example:
@@ -215,7 +227,7 @@ def batch_l2_grad(
         Dangel et al. 2020, "BackPACK" (``BatchL2Grad``); Li et al. 2022, "Large language models
         can be strong differentially private learners" (ghost clipping).
     """
-    f = _stats(loss_fn, wrt, ("sq_norm",))
+    f = _stats(loss_fn, wrt, ("sq_norm",), per_sample)
 
     def norms(params: Params, buffers: Params, batch: Any, /, **kw: Any) -> SquaredNorms:
         per_param = f(params, buffers, batch, **kw)["sq_norm"]
@@ -225,7 +237,7 @@ def batch_l2_grad(
 
 
 def sum_grad_squared(
-    loss_fn: LossFn, *, wrt: Sequence[str] | None = None
+    loss_fn: LossFn, *, wrt: Sequence[str] | None = None, per_sample: PerSample = None
 ) -> PerSampleTransform[Params]:
     """Elementwise sum of squared per-sample gradients ``sum_i g_i^2``, shaped like each param.
 
@@ -235,13 +247,16 @@ def sum_grad_squared(
         loss_fn: per-sample loss function ``(params, buffers, batch) -> Tensor[N]`` whose
             samples do not interact (no train-mode BatchNorm).
         wrt: parameter names or module prefixes to differentiate (default: all).
+        per_sample: which leaves of the batch are per-sample
+            (:data:`sbfunc.batch.PerSample`; default: inferred).
 
     Returns:
         ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> dict`` of tensors
         shaped like the parameters; chunks are summed.
 
     Raises:
-        TypeError: for a non-callable ``loss_fn`` or a malformed ``wrt``. Calls raise
+        TypeError: for a non-callable ``loss_fn``, a malformed ``wrt`` or ``per_sample``.
+            Calls raise
             ``ValueError`` as :func:`batch_grad`'s do.
 
     Example:
@@ -258,11 +273,13 @@ def sum_grad_squared(
     References:
         Dangel et al. 2020, "BackPACK" (``SumGradSquared``).
     """
-    f = _stats(loss_fn, wrt, ("sum_sq",))
+    f = _stats(loss_fn, wrt, ("sum_sq",), per_sample)
     return lambda params, buffers, batch, /, **kw: f(params, buffers, batch, **kw)["sum_sq"]
 
 
-def variance(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampleTransform[Params]:
+def variance(
+    loss_fn: LossFn, *, wrt: Sequence[str] | None = None, per_sample: PerSample = None
+) -> PerSampleTransform[Params]:
     """Elementwise variance of the per-sample gradients over the ``S`` selected samples.
 
     ``mean_i g_i^2 - (mean_i g_i)^2`` (the population variance, BackPACK's ``Variance``
@@ -271,6 +288,8 @@ def variance(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampleT
     Args:
         loss_fn: the per-sample loss (as for :func:`batch_grad`).
         wrt: names or module prefixes of the parameters whose gradient variance is wanted.
+        per_sample: which leaves of the batch are per-sample
+            (:data:`sbfunc.batch.PerSample`; default: inferred).
 
     Returns:
         ``f(params, buffers, batch, *, subsampling=None, chunk_size=None)`` returning the
@@ -290,12 +309,14 @@ def variance(loss_fn: LossFn, *, wrt: Sequence[str] | None = None) -> PerSampleT
     References:
         Dangel et al. 2020, "BackPACK" (``Variance``).
     """
-    f = _stats(loss_fn, wrt, ("sum", "sum_sq"))
+    f = _stats(loss_fn, wrt, ("sum", "sum_sq"), per_sample)
 
     def var(params: Params, buffers: Params, batch: Any, /, **kw: Any) -> Params:
         out = f(params, buffers, batch, **kw)
         sub = kw.get("subsampling")
-        n = batch_size(batch) if sub is None else len(sub)  # validated by ``f``
+        n = (
+            batch_size(batch, per_sample=per_sample) if sub is None else len(sub)
+        )  # validated by ``f``
         return {k: out["sum_sq"][k] / n - (v / n).square() for k, v in out["sum"].items()}
 
     return var

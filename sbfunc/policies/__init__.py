@@ -2,11 +2,12 @@
 :mod:`sbfunc.policies.base` for the conventions, the weights included), and the refill queue.
 """
 
-from sbfunc.policies.apply import Pruned, apply_policy, stale_scores
+from sbfunc.policies.apply import Pruned, apply_policy, score_needed
 from sbfunc.policies.base import (
     EmptyState,
     Policy,
     PolicyState,
+    ScoreRows,
     SelectArgs,
     SelectPolicy,
     bernoulli_selection,
@@ -51,6 +52,7 @@ __all__ = [
     "PolicyState",
     "Pruned",
     "Queue",
+    "ScoreRows",
     "SelectArgs",
     "SelectPolicy",
     "StaleState",
@@ -78,8 +80,8 @@ __all__ = [
     "random_policy",
     "rank_power_policy",
     "rho_loss",
+    "score_needed",
     "stale_sb",
-    "stale_scores",
     "stateless",
     "table_init",
     "table_lookup",

@@ -1,4 +1,5 @@
-"""Run a policy on a pytree batch: ids from a batch field, pruning, and Stale-SB scoring."""
+"""Run a policy on a pytree batch: ids from a batch field, pruning, and scoring only the rows
+the policy reads."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.batch import Field, batch_size, extract, take
 from sbfunc.policies.base import Policy, PolicyState
-from sbfunc.policies.jiang import StaleState, needs_scoring
 
-__all__ = ["Pruned", "apply_policy", "stale_scores"]
+__all__ = ["Pruned", "apply_policy", "score_needed"]
 
 
 class Pruned(NamedTuple):
@@ -50,8 +50,8 @@ def apply_policy(
     *,
     key: sbrandom.Key,
     ids: Field | None = None,
-    epoch: int = 0,
-    elapsed: float = 0.0,
+    epoch: int | torch.Tensor = 0,
+    elapsed: float | torch.Tensor = 0.0,
 ) -> Pruned:
     """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them.
 
@@ -92,44 +92,48 @@ def apply_policy(
     return Pruned(take(batch, sel.indices), sel.weights, sel.indices, state)
 
 
-def stale_scores(
-    state: StaleState,
+def score_needed(
+    policy: Policy,
+    state: PolicyState,
     batch: Any,
-    ids: torch.Tensor,
-    epoch: int,
+    ids: torch.Tensor | None,
+    epoch: int | torch.Tensor,
     score_fn: Callable[[Any], torch.Tensor],
 ) -> tuple[torch.Tensor, int]:
-    """Scores for :func:`~sbfunc.policies.stale_sb`, running ``score_fn`` only on the rows
-    whose cached loss is missing or too old (:func:`~sbfunc.policies.needs_scoring`).
+    """Scores for ``policy.select``, running ``score_fn`` only on the rows the policy reads
+    (``policy.score_rows``; every row when it is ``None``).
 
     Args:
-        state: the Stale-SB state.
+        policy: the policy.
+        state: its state.
         batch: the pytree batch.
-        ids: its ``int64 Tensor[N]`` sample ids.
+        ids: its ``int64 Tensor[N]`` sample ids (``None`` for policies without ids).
         epoch: the current epoch.
         score_fn: ``batch -> Tensor[n]`` per-sample scores (e.g. a partial of
             :func:`sbfunc.score_losses`).
 
     Returns:
         ``(scores, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows and NaN
-        elsewhere (``select`` reads those rows from its cache), and the number of rows scored
-        (``score_fn`` is not called when it is 0).
+        elsewhere, and the number of rows scored (``score_fn`` is not called when it is 0).
+        With ``score_rows`` the number of rows is data-dependent (a variable shape).
 
     Example:
-        >>> from sbfunc.policies import stale_sb, stale_scores
+        >>> from sbfunc.policies import score_needed, stale_sb
         >>> policy = stale_sb(1.0, num_ids=4)
         >>> batch, ids = torch.tensor([1.0, 2.0]), torch.tensor([0, 3])
-        >>> scores, forwarded = stale_scores(policy.init(), batch, ids, 0, lambda b: b * 10)
-        >>> scores, forwarded
+        >>> score_needed(policy, policy.init(), batch, ids, 0, lambda b: b * 10)
         (tensor([10., 20.]), 2)
 
     References:
         Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
     """
+    if policy.score_rows is None:
+        return score_fn(batch), batch_size(batch)
     n = batch_size(batch)
-    rows = needs_scoring(state, ids, epoch).nonzero().reshape(-1)  # variable size
+    rows = policy.score_rows(state, ids, epoch).nonzero().reshape(-1)  # variable size
     if rows.shape[0] == 0:  # every row is cached: no forward at all
-        return torch.full((n,), torch.nan, device=state.table.loss.device), 0
+        device = ids.device if ids is not None else None
+        return torch.full((n,), torch.nan, device=device), 0
     fresh = score_fn(take(batch, rows))
     scores = torch.full((n,), torch.nan, dtype=fresh.dtype, device=fresh.device)
     return scores.index_put((rows.to(fresh.device),), fresh), rows.shape[0]

@@ -29,6 +29,7 @@ __all__ = [
     "EmptyState",
     "Policy",
     "PolicyState",
+    "ScoreRows",
     "SelectArgs",
     "SelectPolicy",
     "bernoulli_selection",
@@ -64,20 +65,29 @@ class SelectPolicy(Protocol):
         *,
         key: sbrandom.Key,
         ids: torch.Tensor | None = None,
-        epoch: int = 0,
-        elapsed: float = 0.0,
+        epoch: int | torch.Tensor = 0,
+        elapsed: float | torch.Tensor = 0.0,
     ) -> tuple[Selection, PolicyState]: ...
 
 
+ScoreRows = Callable[[PolicyState, torch.Tensor | None, "int | torch.Tensor"], torch.Tensor]
+"""``(state, ids, epoch) -> bool Tensor[N]``: the rows whose scores ``select`` will read."""
+
+
 class Policy(NamedTuple):
-    """A selection policy: two pure functions over an explicit state.
+    """A selection policy: pure functions over an explicit state.
 
     Attributes:
         init: ``() -> state``, the initial state.
         select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0) -> (Selection,
             state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to backpropagate),
             ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id policies),
-            ``epoch`` the current epoch and ``elapsed`` the fraction of training done.
+            ``epoch`` the current epoch and ``elapsed`` the fraction of training done (Python
+            numbers or 0-d tensors: inside a compiled step they are tensors).
+        score_rows: ``None`` when ``select`` reads every row's score, else ``(state, ids,
+            epoch) -> bool Tensor[N]``, the rows it reads (the others' entries of ``scores``
+            are ignored, so their scoring forward can be skipped; see
+            :func:`~sbfunc.policies.score_needed`).
 
     Example:
         >>> from sbfunc.policies import top_k_policy
@@ -93,6 +103,7 @@ class Policy(NamedTuple):
 
     init: Callable[[], PolicyState]
     select: SelectPolicy
+    score_rows: ScoreRows | None = None
 
 
 class EmptyState(NamedTuple):
@@ -270,7 +281,9 @@ def bernoulli_selection(
     References:
         Jiang et al. 2019 (independent keep probabilities); Qin et al. 2024 (random pruning).
     """
-    u = sbrandom.uniform(key, inclusion.shape, device=inclusion.device, dtype=inclusion.dtype)
+    u = sbrandom.uniform(
+        key, tuple(inclusion.shape), device=inclusion.device, dtype=inclusion.dtype
+    )
     mask = u < inclusion
     top = torch.zeros_like(mask).index_fill_(0, torch.argmax(inclusion).reshape(1), True)
     mask = mask | (top & ~mask.any())
@@ -292,13 +305,14 @@ class SelectArgs(NamedTuple):
 
     key: sbrandom.Key
     ids: torch.Tensor | None = None
-    epoch: int = 0
-    elapsed: float = 0.0
+    epoch: int | torch.Tensor = 0
+    elapsed: float | torch.Tensor = 0.0
 
 
 def make_policy(
     init: Callable[[], PolicyState],
     rule: Callable[[torch.Tensor, Any, SelectArgs], tuple[Selection, Any]],
+    score_rows: ScoreRows | None = None,
 ) -> Policy:
     """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
     (Selection, state)``; ``select`` validates the scores and packs its keyword arguments.
@@ -319,13 +333,13 @@ def make_policy(
         *,
         key: sbrandom.Key,
         ids: torch.Tensor | None = None,
-        epoch: int = 0,
-        elapsed: float = 0.0,
+        epoch: int | torch.Tensor = 0,
+        elapsed: float | torch.Tensor = 0.0,
     ) -> tuple[Selection, PolicyState]:
         check_scores(scores)
         return rule(scores, state, SelectArgs(key, ids, epoch, elapsed))
 
-    return Policy(init, select)
+    return Policy(init, select, score_rows)
 
 
 def stateless(

@@ -27,7 +27,7 @@ def rank_power_policy(keep: float) -> Policy:
         >>> from sbfunc.policies import rank_power_policy
         >>> policy = rank_power_policy(0.5)
         >>> sel, _ = policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
-        ...                        key=sbfunc.random.key(2))
+        ...                        key=sbfunc.random.key(0))
         >>> sel.indices
         tensor([1, 3])
 

@@ -171,7 +171,7 @@ def grad_norm_importance(
         >>> from sbfunc.policies import grad_norm_importance
         >>> policy = grad_norm_importance(0.5, switch=False)
         >>> scores = torch.tensor([0.0, 1.0, 0.0, 1.0])
-        >>> sel, state = policy.select(scores, policy.init(), key=sbfunc.random.key(0))
+        >>> sel, state = policy.select(scores, policy.init(), key=sbfunc.random.key(2))
         >>> sel.indices, sel.weights  # row 3 drawn twice: one row of weight (1/2) * 2 / (4 p_3)
         (tensor([3]), tensor([0.5000]))
 
@@ -194,8 +194,7 @@ def grad_norm_importance(
         k = kept_count(n, keep)
         draw_key, uniform_key = sbrandom.split(a.key)
         p = _sampling_probs(scores)
-        gen = sbrandom.generator(draw_key, scores.device)
-        draws = torch.multinomial(p, k, replacement=True, generator=gen)
+        draws = sbrandom.categorical(draw_key, p, k)
         counts = torch.zeros_like(p).scatter_add(0, draws, torch.ones_like(draws, dtype=p.dtype))
         factor = 1.0 / (n * p)
         tau = state.tau.to(p)

@@ -31,7 +31,7 @@ def infobatch(
     Horvitz-Thompson weights ``k / (N pi_i)``: ``k/N`` for the others and ``k / (N (1 - r))``
     for the kept well-learned rows, InfoBatch's ``1/(1-r)`` rescaling normalised for the mean
     over the ``k`` kept rows, so that mean is an unbiased estimate of the full-batch mean loss.
-    Once ``elapsed >= delta`` every row is kept with ``weights=None`` (the annealing phase).
+    Once ``elapsed >= delta`` every row is kept with unit weights (the annealing phase).
     The decision uses only the recorded losses; ``scores`` (the batch's current losses) are
     recorded afterwards. Needs ``ids``.
 
@@ -73,12 +73,11 @@ def infobatch(
         n = scores.shape[0]
         ids = check_ids(a.ids, n, "infobatch")
         table = table_update(state, ids, scores, a.epoch)
-        if a.elapsed >= delta:
-            return Selection(torch.arange(n, device=scores.device)), table
         seen = state.epoch >= 0
         mean = torch.where(seen, state.loss, 0).sum() / seen.sum().clamp_min(1)
         mine = table_lookup(state, ids)
-        learned = ((mine.epoch >= 0) & (mine.loss < mean)).to(scores.device)
+        pruning = torch.as_tensor(a.elapsed, device=scores.device) < delta  # else: anneal
+        learned = ((mine.epoch >= 0) & (mine.loss < mean)).to(scores.device) & pruning
         inclusion = torch.where(learned, 1.0 - prune_ratio, 1.0).to(scores)
         return bernoulli_selection(inclusion, a.key, weighted=True), table
 

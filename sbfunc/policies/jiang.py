@@ -131,7 +131,9 @@ def jiang_cdf(
     return make_policy(init, rule)
 
 
-def needs_scoring(state: StaleState, ids: torch.Tensor, epoch: int) -> torch.Tensor:
+def needs_scoring(
+    state: StaleState, ids: torch.Tensor | None, epoch: int | torch.Tensor
+) -> torch.Tensor:
     """Which rows need a fresh scoring forward under :func:`stale_sb`: ids never scored, or
     whose cached loss is at least ``max_age`` epochs old.
 
@@ -160,6 +162,8 @@ def needs_scoring(state: StaleState, ids: torch.Tensor, epoch: int) -> torch.Ten
     References:
         Jiang et al. 2019 (Stale-SB).
     """
+    if ids is None:
+        raise ValueError("stale_sb needs sample ids: pass ids=<int64 Tensor[N]>")
     cached = table_lookup(state.table, ids).epoch
     return (cached < 0) | (epoch - cached >= state.max_age)
 
@@ -230,4 +234,4 @@ def stale_sb(
         selection, hist = _cdf_select(state.history, losses, a.key, beta, sampling_min, reweight)
         return selection, StaleState(hist, table, state.max_age)
 
-    return make_policy(init, rule)
+    return make_policy(init, rule, needs_scoring)

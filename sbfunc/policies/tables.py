@@ -163,7 +163,7 @@ def table_update(
     table: LossTable,
     ids: torch.Tensor,
     losses: torch.Tensor,
-    epoch: int,
+    epoch: int | torch.Tensor,
     mask: torch.Tensor | None = None,
 ) -> LossTable:
     """Record ``losses`` for ``ids`` at ``epoch`` (only where ``mask``); returns a new table.
@@ -181,7 +181,9 @@ def table_update(
     ids = ids.to(table.loss.device)
     old = table_lookup(table, ids)
     new_loss = losses.to(table.loss)
-    new_epoch = torch.full_like(old.epoch, epoch)
+    new_epoch = torch.as_tensor(epoch, dtype=old.epoch.dtype, device=old.epoch.device).expand_as(
+        old.epoch
+    )
     if mask is not None:
         mask = mask.to(table.loss.device)
         new_loss = torch.where(mask, new_loss, old.loss)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import math
-from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -59,10 +57,13 @@ def check_keep(keep: float) -> float:
 
 
 def kept_count(n: int, keep: float) -> int:
-    """Number of samples kept out of ``n``: ``max(1, floor(keep * n))``, computed exactly.
+    """Number of samples kept out of ``n``: ``max(1, floor(keep * n))``, as the decimal reads.
 
-    ``keep`` is read as the decimal it prints as (``0.29`` is 29/100, not the binary float
-    0.28999999999999998), so ``kept_count(100, 0.29) == 29`` where ``int(0.29 * 100)`` gives 28.
+    ``keep`` counts as the decimal it prints as (``0.29`` is 29/100, not the binary float
+    0.28999999999999998), so ``kept_count(100, 0.29) == 29`` where ``int(0.29 * 100)`` gives 28:
+    the product is nudged up by a relative ``2**-50`` (four units in the last place) before the
+    floor, which recovers every product of a short decimal and an int, and is plain arithmetic
+    that ``torch.compile`` traces (no host call, no graph break).
 
     Args:
         n: batch size, >= 1.
@@ -74,17 +75,15 @@ def kept_count(n: int, keep: float) -> int:
 
     References:
         MosaicML Composer ``select_using_loss`` (``int(keep * N)``, which can keep no row);
-        Python ``fractions.Fraction``.
+        Python ``repr`` of floats (the shortest decimal that reads back).
     """
     keep = check_keep(keep)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, int | torch.SymInt) or n < 1:
         raise ValueError(f"n (the batch size) must be an int >= 1, got {n!r}")
-    return _kept_count(n, keep)
+    return max(1, math.floor(keep * n * _NUDGE))
 
 
-@functools.lru_cache(maxsize=256)
-def _kept_count(n: int, keep: float) -> int:
-    return max(1, math.floor(Fraction(repr(keep)) * n))
+_NUDGE = 1.0 + 2.0**-50
 
 
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
@@ -106,7 +105,7 @@ def ranks(
     """Rank of every score, 0 for the lowest, with ties broken uniformly at random.
 
     Ties are broken by random integers drawn from ``key`` (or given as ``tie_noise``, an int64
-    ``Tensor[N]`` of i.i.d. values in ``[0, 2**31)``, see :func:`sbfunc.random.bits`); with
+    ``Tensor[N]`` of i.i.d. values in ``[0, 2**32)``, see :func:`sbfunc.random.bits`); with
     neither, by position (stable sort). NaN scores rank highest on every path. For float32/16
     scores one sort of a packed 64-bit
     (score, noise) key does both jobs; other dtypes take a random permutation and a stable sort.

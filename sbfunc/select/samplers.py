@@ -32,12 +32,11 @@ def _check_scores(scores: torch.Tensor) -> int:
 
 def _sorted(indices: torch.Tensor, n: int) -> torch.Tensor:
     """Unique indices into ``[0, n)`` in ascending order: a mask and its nonzero entries, which
-    is cheaper than a sort (on CUDA ``nonzero_static``, as ``nonzero`` would sync)."""
+    is cheaper than a sort; ``nonzero_static`` keeps the shape static (no sync, no graph
+    break under ``torch.compile``)."""
     mask = torch.zeros(n, dtype=torch.bool, device=indices.device)
     mask[indices] = True
-    if mask.is_cuda:
-        return torch.nonzero_static(mask, size=indices.shape[0]).reshape(-1)
-    return mask.nonzero().reshape(-1)
+    return torch.nonzero_static(mask, size=indices.shape[0]).reshape(-1)
 
 
 def gumbel_top_k(log_weights: torch.Tensor, k: int, gumbel: torch.Tensor) -> torch.Tensor:
@@ -99,34 +98,38 @@ def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selec
 
     Example:
         >>> losses = torch.tensor([0.1, 2.0, 0.3, 5.0])
-        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(2)).indices
+        >>> sbfunc.rank_power(losses, 0.5, key=sbfunc.random.key(0)).indices
         tensor([1, 3])
 
     References:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
         MosaicML Composer, ``composer.algorithms.selective_backprop.select_using_loss``.
     """
-    _check_scores(scores)
-    return Selection(rank_power_indices(scores, keep, sbrandom.generator(key, scores.device)))
+    n = _check_scores(scores)
+    tie_key, draw_key = sbrandom.split(key)
+    tie_noise = sbrandom.bits(tie_key, (n,), device=scores.device)
+    u = sbrandom.uniform(draw_key, (n,), device=scores.device)
+    return Selection(rank_power_indices(scores, keep, tie_noise, u))
 
 
 def rank_power_indices(
-    scores: torch.Tensor, keep: float, generator: torch.Generator | None
+    scores: torch.Tensor, keep: float, tie_noise: torch.Tensor, u: torch.Tensor
 ) -> torch.Tensor:
-    """The sorted indices :func:`rank_power` draws, with randomness from a ``torch.Generator``
-    on the scores' device (``None``: torch's default generator). Shared by
-    :func:`rank_power` and the Composer-compatible ``select_using_loss``.
+    """The sorted indices :func:`rank_power` draws, from given noise: ``tie_noise`` (int64
+    ``Tensor[N]`` of i.i.d. values in ``[0, 2**32)``) breaks ties and ``u`` (uniform
+    ``Tensor[N]`` in ``[0, 1)``) drives the Gumbel-top-k draw. Shared by :func:`rank_power`
+    (noise from a key) and the Composer-compatible ``select_using_loss`` (noise from a
+    ``torch.Generator``).
 
     Example:
-        >>> g = torch.Generator().manual_seed(0)
-        >>> sbfunc.select.rank_power_indices(torch.tensor([0.1, 2.0, 0.3, 5.0]), 0.5, g).shape
-        torch.Size([2])
+        >>> scores = torch.tensor([0.1, 2.0, 0.3, 5.0])
+        >>> sbfunc.select.rank_power_indices(scores, 0.5, torch.zeros(4, dtype=torch.long),
+        ...                                  torch.full((4,), 0.5))
+        tensor([1, 3])
     """
     n = scores.shape[0]
     k = kept_count(n, keep)
     dev = scores.device
-    tie_noise = torch.randint(0, 2**31, (n,), generator=generator, device=dev)
-    u = torch.rand(n, generator=generator, device=dev)
     # In sorted order position j has rank j: draw positions there (the Gumbel noise is i.i.d.,
     # so which row carries which draw does not change the law) and map them back.
     order = ascending_order(scores, tie_noise)

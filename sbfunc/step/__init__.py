@@ -1,24 +1,22 @@
-"""Step: the pure training step, the loop helper and checkpoints."""
+"""Step: the pure training step and the loop helper."""
 
-from sbfunc.step import checkpoint
+from sbfunc.step.gradients import weighted_mean
 from sbfunc.step.loop import Duration, FitResult, fit
 from sbfunc.step.train_step import (
     BATCH_EVENTS,
-    Optimizer,
     StepMetrics,
+    StepPlan,
     TrainStep,
     make_train_step,
-    weighted_mean,
 )
 
 __all__ = [
     "BATCH_EVENTS",
     "Duration",
     "FitResult",
-    "Optimizer",
     "StepMetrics",
+    "StepPlan",
     "TrainStep",
-    "checkpoint",
     "fit",
     "make_train_step",
     "weighted_mean",

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from tqdm.auto import tqdm
 
-from sbfunc.engine import Event, State
+from sbfunc.engine import Event, TrainState
 from sbfunc.step.train_step import StepMetrics, TrainStep
 
 __all__ = ["Duration", "FitResult", "fit"]
@@ -48,10 +48,11 @@ class FitResult(NamedTuple):
 
     Attributes:
         state: the final train state.
-        history: one :class:`StepMetrics` per step run by this call.
+        history: one :class:`StepMetrics` per step run by this call (empty with
+            ``fit(..., history=False)``).
 
     Example:
-        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
+        >>> state = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
         >>> sbfunc.FitResult(state, []).history
         []
 
@@ -59,7 +60,7 @@ class FitResult(NamedTuple):
         MosaicML Composer ``Trainer.fit``.
     """
 
-    state: State
+    state: TrainState
     history: list[StepMetrics]
 
 
@@ -69,7 +70,7 @@ def _epoch_batches(data: Data, epoch: int) -> Iterable[Any]:
 
 def fit(
     step: TrainStep,
-    state: State,
+    state: TrainState,
     data: Data,
     *,
     epochs: int | None = None,
@@ -78,10 +79,11 @@ def fit(
     progress: bool = True,
     log_every: int = 10,
     stop_after: int | None = None,
+    history: bool = True,
 ) -> FitResult:
     """Run a training loop around a :class:`TrainStep`, firing the epoch-level events.
 
-    Fires ``INIT`` (only for a fresh state, ``time.step == 0``), ``FIT_START``, then per epoch
+    Fires ``FIT_START`` (``INIT`` fired in ``step.init``), then per epoch
     ``EPOCH_START``, the steps, ``EPOCH_END``, and finally ``FIT_END``, through the step's own
     algorithms and passes. Before every step ``time.elapsed`` is set to
     ``steps_done / total_steps`` (a fraction in [0, 1]); after every epoch ``time.epoch`` is
@@ -91,11 +93,11 @@ def fit(
 
     Selective methods change what progress means, so the progress bar and ``state.time``
     report forward samples (scoring + training forwards) and backpropagated samples separately.
-    Reading the loss for the bar is a host sync; it happens every ``log_every`` steps only,
-    and never with ``progress=False``.
+    Reading the loss for the bar is a host sync; it happens every ``log_every`` steps and at
+    the end only, and never with ``progress=False``.
 
     Args:
-        step: from :func:`sbfunc.make_train_step`.
+        step: from :func:`sbfunc.make_train_step` (or ``torch.compile`` of one).
         state: initial (or resumed) state.
         data: a re-iterable of batches with ``len`` (a list, a DataLoader) or a function
             ``epoch -> iterable`` (for per-epoch shuffling from a key).
@@ -108,21 +110,19 @@ def fit(
             duration (a preemption point): ``FIT_END`` does not fire and the returned state,
             saved with :mod:`sbfunc.checkpoint` and passed to ``fit`` again with the same
             duration, continues exactly as if never stopped.
+        history: keep every step's :class:`StepMetrics` (their loss tensors stay alive);
+            ``False`` keeps none.
 
     Returns:
         A :class:`FitResult`.
 
     Example:
-        >>> import torchopt
         >>> model = torch.nn.Linear(2, 2)
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
-        >>> params, buffers = sbfunc.split_module(model, clone=True)
-        >>> opt = torchopt.sgd(0.1)
-        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0),
-        ...                           opt_state=opt.init(params))
+        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+        >>> state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
         >>> data = [(torch.randn(4, 2), torch.randint(0, 2, (4,))) for _ in range(3)]
-        >>> result = sbfunc.fit(sbfunc.make_train_step(loss_fn, opt), state, data, epochs=2,
-        ...                     progress=False)
+        >>> result = sbfunc.fit(step, state, data, epochs=2, progress=False)
         >>> result.state.time.step, result.state.time.epoch, result.state.time.elapsed
         (6, 2, 1.0)
 
@@ -147,9 +147,10 @@ def fit(
             raise ValueError(f"stop_after must be an int >= 1, got {stop_after!r}")
         limit = min(total, stop_after)
 
-    history: list[StepMetrics] = []
-    if state.time.step == 0:
-        state, _ = step.fire(Event.INIT, state)
+    if not isinstance(history, bool):
+        raise TypeError(f"history must be True or False, got {history!r}")
+    kept: list[StepMetrics] = []
+    last: StepMetrics | None = None
     state, _ = step.fire(Event.FIT_START, state)
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
     while state.time.step < limit:
@@ -166,16 +167,13 @@ def fit(
                 stopped = True
                 break
             state = state.replace(time=state.time._replace(elapsed=state.time.step / total))
-            state, metrics = step(state, batch)
-            history.append(metrics)
+            state, last = step(state, batch)
+            if history:
+                kept.append(last)
             ran += 1
             bar.update(1)
             if progress and state.time.step % log_every == 0:
-                bar.set_postfix(
-                    loss=f"{float(metrics.loss):.4f}",
-                    fwd=state.time.samples_forwarded,
-                    bwd=state.time.samples_backpropagated,
-                )
+                _postfix(bar, state, last)
         if ran == 0 and not stopped:
             raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
         mid_epoch = stopped or (
@@ -185,9 +183,19 @@ def fit(
             state, _ = step.fire(Event.EPOCH_END, state)
             t = state.time
             state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
+    if progress and last is not None and state.time.step % log_every != 0:
+        _postfix(bar, state, last)  # the final numbers, not those of the last refresh
     bar.close()
     if state.time.step < total:  # stopped early: resume later with fit(...) again
-        return FitResult(state, history)
+        return FitResult(state, kept)
     state = state.replace(time=state.time._replace(elapsed=1.0))
     state, _ = step.fire(Event.FIT_END, state)
-    return FitResult(state, history)
+    return FitResult(state, kept)
+
+
+def _postfix(bar: Any, state: TrainState, metrics: StepMetrics) -> None:
+    bar.set_postfix(
+        loss=f"{float(metrics.loss):.4f}",
+        fwd=state.time.samples_forwarded,
+        bwd=state.time.samples_backpropagated,
+    )

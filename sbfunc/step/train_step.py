@@ -1,20 +1,56 @@
-"""The pure training step: per-batch events through the engine, torch.func gradients, an
-optax-style optimizer update."""
+"""The pure training step: host decisions, then one traceable core, then the host clock.
+
+``step(state, batch)`` runs in three parts. :meth:`TrainStep.plan` decides on the host which
+algorithms run on each of the 11 per-batch events (``match`` and the passes, from
+``state.time``) and makes the clock tensors. :meth:`TrainStep.core` does all the tensor work
+(the algorithms' ``apply``, forward, loss, gradients, optimizer update, the non-finite guard)
+and reads no Python number that changes from step to step, so ``torch.compile`` turns it into
+one graph per plan (``fullgraph=True`` compiles it alone). :meth:`TrainStep.finish` advances
+the host :class:`~sbfunc.Time`. ``plan`` and ``finish`` are excluded from compilation, so
+``torch.compile(step)`` compiles the core and recompiles only when the plan changes (Selective
+Backprop on or off): a fixed, small number of graphs over a whole run.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+import contextlib
+import zlib
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
-from torch.func import grad_and_value, vjp
+from torch import nn
 
+from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
-from sbfunc.engine import Algorithm, Event, State, Trace, run_event
+from sbfunc.engine import (
+    Algorithm,
+    Clock,
+    Event,
+    Planned,
+    Run,
+    Time,
+    Trace,
+    TrainState,
+    apply_planned,
+    plan_event,
+    run_event,
+    stream_ids,
+    trace_labels,
+)
+from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, Params
-from sbfunc.passes import DEFAULT_PASSES
+from sbfunc.optim import Optimizer
+from sbfunc.step.gradients import (
+    all_finite,
+    differentiate,
+    fresh_buffers,
+    keep_if_finite,
+    tracing,
+    weighted_mean,
+)
 
-__all__ = ["BATCH_EVENTS", "Optimizer", "StepMetrics", "TrainStep", "make_train_step"]
+__all__ = ["BATCH_EVENTS", "StepMetrics", "StepPlan", "TrainStep", "make_train_step"]
 
 BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
     Event.AFTER_DATALOADER,
@@ -31,45 +67,28 @@ BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` docum
 )
 """The per-batch events, in Composer's order, that one training step fires."""
 
-Pass = Callable[[Sequence[Algorithm], Event], list[Algorithm]]
-
-
-class Optimizer(Protocol):
-    """An optax-style optimizer: ``init(params)`` and ``update(grads, state, *, params,
-    inplace)``, as torchopt's functional optimizers (``torchopt.sgd``, ``torchopt.adam``).
-
-    Example:
-        >>> import torchopt
-        >>> opt: sbfunc.Optimizer = torchopt.sgd(0.1)
-        >>> params = {"w": torch.ones(2)}
-        >>> updates, _ = opt.update({"w": torch.ones(2)}, opt.init(params), params=params,
-        ...                         inplace=False)
-        >>> updates["w"]
-        tensor([-0.1000, -0.1000])
-
-    References:
-        DeepMind optax ``GradientTransformation``; torchopt's functional optimizers.
-    """
-
-    def init(self, params: Any) -> Any: ...
-
-    def update(
-        self, updates: Any, state: Any, *, params: Any = ..., inplace: bool = ...
-    ) -> Any: ...
+_INDEX = {e: i for i, e in enumerate(BATCH_EVENTS)}
+_AFTER_UPDATE = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END})
+_MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
+_INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
+NonFinite = Literal["skip", "raise", "allow"]
 
 
 class StepMetrics(NamedTuple):
     """What one step reports.
 
     Attributes:
-        loss: the (weighted) mean training loss of the backpropagated rows, a 0-d tensor
-            (left on the device: reading it is the caller's choice of sync).
+        loss: the (weighted) mean training loss of the backpropagated rows, a 0-d tensor left
+            on the device (reading it is the caller's choice of sync); NaN when no row was
+            trained on.
         samples_in_batch: rows the data loader delivered.
         samples_backpropagated: rows the gradient was computed on (after selection).
+        skipped: a 0-d bool tensor: the update did not reach the parameters (a non-finite
+            loss or gradient, or no row left to train on).
         traces: the engine's traces of every event of the step, in order.
 
     Example:
-        >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, ())
+        >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
         >>> m.samples_backpropagated / m.samples_in_batch
         0.5
 
@@ -80,60 +99,55 @@ class StepMetrics(NamedTuple):
     loss: torch.Tensor
     samples_in_batch: int
     samples_backpropagated: int
+    skipped: torch.Tensor
     traces: tuple[Trace, ...]
 
 
-def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
-    """``mean(weights * losses)`` over the rows (plain mean without weights).
+class StepPlan(NamedTuple):
+    """The host decisions of one step (see :meth:`TrainStep.plan`).
 
-    Selection policies return importance weights normalised for this estimator: the weighted
-    mean over the kept rows estimates the mean loss over the whole batch.
-
-    Example:
-        >>> sbfunc.weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
-        tensor(1.)
-
-    References:
-        Horvitz and Thompson 1952 (inverse-probability weights); Katharopoulos and Fleuret
-        2018, "Not All Samples Are Created Equal" (unbiased importance-sampled SGD).
+    Attributes:
+        events: per event of :data:`BATCH_EVENTS`, the planned ``(position, decision)`` pairs.
+        clock: the clock as tensors, or ``None`` when no algorithm and no model randomness
+            needs it.
     """
-    if weights is None:
-        return losses.mean()
-    if weights.shape != losses.shape:
-        raise ValueError(
-            f"sample_weights of shape {tuple(weights.shape)} do not match the per-sample losses "
-            f"of shape {tuple(losses.shape)}; a selection must weight exactly its kept rows"
-        )
-    return (weights.to(losses.dtype) * losses).mean()
+
+    events: tuple[Planned, ...]
+    clock: Clock | None
 
 
-def _end_of_batch(state: State) -> State:
-    # The per-batch fields live for one step only: a state between steps has a fixed
-    # structure (so it checkpoints against a fresh template) and holds no batch tensors.
-    return state.replace(batch=None, outputs=None, loss=None, sample_weights=None)
+class _Out(NamedTuple):
+    loss: torch.Tensor
+    samples_in_batch: int
+    samples_backpropagated: int
+    skipped: torch.Tensor
+    updates_skipped: torch.Tensor
 
 
-def _fresh(buffers: Params) -> Params:
-    return {k: v.clone() for k, v in buffers.items()}
+def _has_random_modules(module: nn.Module) -> bool:
+    return any(
+        isinstance(m, nn.modules.dropout._DropoutNd | nn.MultiheadAttention)
+        for m in module.modules()
+    )
 
 
-class TrainStep:
+class TrainStep(nn.Module):
     """``step(state, batch) -> (state, metrics)``; build it with :func:`make_train_step`.
 
-    It also carries its ``algorithms`` and ``passes`` so the loop helper fires the epoch-level
-    events on the same list (:meth:`fire`).
+    It is an ``nn.Module`` only so that ``torch.compile(step)`` returns a module that still has
+    :meth:`init` and :meth:`fire` (compiled modules forward attribute access); it has no
+    parameters of its own.
 
     Example:
-        >>> import torchopt
         >>> ce = torch.nn.functional.cross_entropy
         >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
-        >>> step = sbfunc.make_train_step(loss_fn, torchopt.sgd(0.1))
-        >>> state = sbfunc.init_state({}, {}, key=sbfunc.random.key(0))
-        >>> step.fire(sbfunc.Event.INIT, state) == (state, ())  # no algorithm matches
+        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+        >>> state = step.init({}, {}, key=sbfunc.random.key(0))
+        >>> step.fire(sbfunc.Event.EPOCH_END, state) == (state, ())  # no algorithm matches
         True
 
     References:
-        MosaicML Composer ``Engine`` and ``Trainer``.
+        MosaicML Composer ``Engine`` and ``Trainer``; ``jax.jit(train_step)``.
     """
 
     def __init__(
@@ -142,110 +156,222 @@ class TrainStep:
         optimizer: Optimizer,
         algorithms: Sequence[Algorithm],
         passes: Sequence[Pass],
+        nonfinite: NonFinite,
+        keyed_model: bool,
     ) -> None:
+        super().__init__()
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.algorithms = tuple(algorithms)
         self.passes = tuple(passes)
+        self.nonfinite = nonfinite
+        self.keyed_model = keyed_model
+        self.labels = trace_labels(self.algorithms)
+        self.streams = stream_ids([a.name for a in self.algorithms])
 
-    def fire(self, event: Event, state: State) -> tuple[State, tuple[Trace, ...]]:
-        """Run one event through the engine with this step's algorithms and passes."""
+    def init(self, params: Params, buffers: Params, *, key: torch.Tensor) -> TrainState:
+        """The initial :class:`~sbfunc.TrainState`: the optimizer's and every algorithm's
+        initial state, time zero; then ``INIT`` fires.
+
+        Args:
+            params: trainable tensors by name (copied into a new dict).
+            buffers: non-trainable tensors by name (copied into a new dict).
+            key: the run's root :mod:`sbfunc.random` key; every random draw derives from it.
+
+        Raises:
+            TypeError: if ``key`` is not a key or ``params``/``buffers`` are not dicts of
+                tensors.
+        """
+        sbrandom.check_key(key, "key")
+        for arg, value in (("params", params), ("buffers", buffers)):
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+            ):
+                raise TypeError(
+                    f"{arg} must be a dict of name -> tensor (sbfunc.split_module), got "
+                    f"{type(value).__name__}"
+                )
+        init_key = sbrandom.fold_in(key, _INIT_STREAM)
+        state = TrainState(
+            params=dict(params),
+            buffers=dict(buffers),
+            key=key,
+            opt_state=self.optimizer.init(dict(params)),
+            algorithm_state=tuple(
+                alg.init(sbrandom.fold_in(init_key, s))
+                for alg, s in zip(self.algorithms, self.streams, strict=True)
+            ),
+            time=Time(updates_skipped=torch.zeros((), dtype=torch.int64, device=key.device)),
+        )
+        return self.fire(Event.INIT, state)[0]
+
+    def fire(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
+        """Run one event outside the step (``INIT``, ``EPOCH_END``, ...) with this step's
+        algorithms and passes (see :func:`sbfunc.run_event`)."""
         return run_event(event, state, self.algorithms, self.passes)
 
-    def __call__(self, state: State, batch: Any) -> tuple[State, StepMetrics]:
+    def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
+        """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
+        plan = self.plan(state, batch)
+        run, out = self.core(plan, state, batch)
+        return self.finish(state, run, out)
+
+    @torch.compiler.disable
+    def plan(self, state: TrainState, batch: Any) -> StepPlan:
+        """Decide every per-batch event on the host (``match`` and passes, from
+        ``state.time``; events after the update see ``step`` and ``batch_in_epoch`` advanced)
+        and make the clock tensors. Excluded from ``torch.compile``."""
+        if not isinstance(state, TrainState):
+            raise TypeError(
+                f"state must be an sbfunc.TrainState (from step.init), got {type(state).__name__}"
+            )
+        if len(state.algorithm_state) != len(self.algorithms):
+            raise ValueError(
+                f"state.algorithm_state has {len(state.algorithm_state)} entries for this "
+                f"step's {len(self.algorithms)} algorithms; build the state with step.init"
+            )
+        time = state.time
+        if not self.algorithms:
+            events: tuple[Planned, ...] = ((),) * len(BATCH_EVENTS)
+        else:
+            run = Run.start(state, batch, None)
+            after = time._replace(step=time.step + 1, batch_in_epoch=time.batch_in_epoch + 1)
+            events = tuple(
+                plan_event(
+                    e, run, self.algorithms, self.passes, after if e in _AFTER_UPDATE else time
+                )
+                for e in BATCH_EVENTS
+            )
+        need_clock = self.keyed_model or any(events)
+        return StepPlan(events, Clock.of(time, state.key.device) if need_clock else None)
+
+    def _fire(self, plan: StepPlan, event: Event, run: Run) -> Run:
+        planned = plan.events[_INDEX[event]]
+        if not planned:
+            return run
+        return apply_planned(event, planned, run, self.algorithms, self.labels, self.streams)
+
+    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Run, _Out]:
+        """The tensor work of one step under ``plan``; compiles with ``fullgraph=True`` for
+        fixed-size selections. Returns the run (the new persistent values) and the outputs."""
+        run = Run.start(state, batch, plan.clock)
+        if plan.clock is not None:  # every key of the step derives from the step-start clock
+            run = run._replace(step_key=sbrandom.fold_in(state.key, plan.clock.step))
         n_in = batch_size(batch)
-        traces: list[Trace] = []
-        state = state.replace(batch=batch, outputs=None, loss=None, sample_weights=None)
-
-        def fire(event: Event) -> None:
-            nonlocal state
-            state, tr = self.fire(event, state)
-            traces.extend(tr)
-
         for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
-            fire(event)
-        if batch_size(state.batch) == 0:  # every row is queued for later (refill): no update
-            return self._no_update(state, n_in, traces)
-        # Train-mode BatchNorm writes its statistics into the buffers in place: give it fresh
-        # copies made inside the transform (mutating captured tensors is refused there) and
-        # return them as aux, so the caller's buffers are never written.
-        buffers = state.buffers
+            run = self._fire(plan, event, run)
+        skipped_so_far = state.time.updates_skipped
+        if skipped_so_far is None:
+            skipped_so_far = torch.zeros((), dtype=torch.int64, device=state.key.device)
+        if batch_size(run.batch) == 0:  # every row left (refill queues them): no update
+            if run.clock is not None:
+                run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
+            run = self._fire(plan, Event.BATCH_END, run)
+            nan = torch.full((), torch.nan, device=skipped_so_far.device)
+            done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
+            return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
+        run, grads, loss = self._loss_and_grads(plan, run)
+        n_bwd = batch_size(run.batch)
+        run = self._fire(plan, Event.AFTER_LOSS, run)
+        run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
+        grads = grads if run.grads is None else run.grads
+        params, opt_state = self.optimizer.update(grads, run.opt_state, run.params)
+        if self.nonfinite == "allow":
+            finite = torch.ones((), dtype=torch.bool, device=loss.device)
+        else:
+            finite = all_finite(loss, grads)
+            if finite.device.type == "cpu" and not tracing():
+                # Eagerly on the CPU the flag is a host value already (no device to sync):
+                # branch instead of one torch.where per tensor.
+                if not finite:
+                    params, opt_state = run.params, run.opt_state
+                    run = run._replace(buffers=state.buffers)
+            else:
+                params = keep_if_finite(finite, params, run.params)
+                opt_state = keep_if_finite(finite, opt_state, run.opt_state)
+                run = run._replace(buffers=keep_if_finite(finite, run.buffers, state.buffers))
+        run = run._replace(params=params, opt_state=opt_state)
+        if run.clock is not None:  # the update is done: the clock shows the next step
+            run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
+        run = self._fire(plan, Event.AFTER_TRAIN_BATCH, run)
+        run = self._fire(plan, Event.BATCH_END, run)
+        return run, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long())
+
+    def _loss_and_grads(self, plan: StepPlan, run: Run) -> tuple[Run, Params, torch.Tensor]:
         loss_fn = self.loss_fn
         staged = isinstance(loss_fn, ModuleLoss)
-        backward: Callable[[], Params]
-        if staged:
-            assert isinstance(loss_fn, ModuleLoss)
-            fwd_batch = state.batch
+        buffers = run.buffers
+        model_key = None
+        if self.keyed_model:
+            assert run.step_key is not None
+            model_key = sbrandom.fold_in(run.step_key, _MODEL_STREAM)
 
-            def forward(p: Params) -> tuple[Any, Params]:
-                b = _fresh(buffers)
-                return loss_fn.forward(p, b, fwd_batch), b
+        def randomness() -> contextlib.AbstractContextManager[Any]:
+            return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)
 
-            outputs, pullback, new_buffers = vjp(forward, state.params, has_aux=True)  # type: ignore[misc]
-            state = state.replace(outputs=outputs, buffers=new_buffers)
-        fire(Event.AFTER_FORWARD)
-        fire(Event.BEFORE_LOSS)
-        loss_batch, weights = state.batch, state.sample_weights
-        if staged:
-            assert isinstance(loss_fn, ModuleLoss)
-            g_out, loss = grad_and_value(
-                lambda o: weighted_mean(loss_fn.criterion(o, loss_batch), weights)
-            )(state.outputs)
+        def objective(p: Params) -> tuple[torch.Tensor, tuple[Params, Run, torch.Tensor]]:
+            b, r = fresh_buffers(buffers), run
+            if isinstance(loss_fn, ModuleLoss):
+                with randomness():
+                    r = r._replace(outputs=loss_fn.forward(p, b, r.batch))
+            r = self._fire(plan, Event.AFTER_FORWARD, r)
+            r = self._fire(plan, Event.BEFORE_LOSS, r)
+            if isinstance(loss_fn, ModuleLoss):
+                losses = loss_fn.criterion(r.outputs, r.batch)
+            else:
+                with randomness():
+                    losses = loss_fn(p, b, r.batch)
+            _check_losses(losses, batch_size(r.batch))
+            # The host clock stays out of the aux: its Python numbers would become constants
+            # of a compiled graph (and recompile it every step).
+            return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
 
-            def backward() -> Params:
-                (grads,) = pullback(g_out)
-                return grads
+        time = run.time
+        grads, loss, (new_buffers, run, losses) = differentiate(objective, run.params)
+        run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
+        if not staged:
+            run = run._replace(outputs=None)
+        return run, grads, loss
 
-        else:
-
-            def fused(p: Params) -> tuple[torch.Tensor, Params]:
-                b = _fresh(buffers)
-                return weighted_mean(loss_fn(p, b, loss_batch), weights), b
-
-            grads_fused, (loss, new_buffers) = grad_and_value(fused, has_aux=True)(state.params)
-            state = state.replace(buffers=new_buffers)
-
-            def backward() -> Params:
-                return grads_fused
-
-        n_bwd = batch_size(loss_batch)
-        state = state.replace(loss=loss.detach())
-        fire(Event.AFTER_LOSS)
-        fire(Event.BEFORE_BACKWARD)
-        grads = backward()
-        fire(Event.AFTER_BACKWARD)
-        updates, opt_state = self.optimizer.update(
-            grads, state.opt_state, params=state.params, inplace=False
-        )
-        params = {k: state.params[k] + updates[k] for k in state.params}
+    @torch.compiler.disable
+    def finish(self, state: TrainState, run: Run, out: _Out) -> tuple[TrainState, StepMetrics]:
+        """Advance the host clock and build the results. Excluded from ``torch.compile``;
+        with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
+        if self.nonfinite == "raise" and bool(out.skipped) and out.samples_backpropagated > 0:
+            raise FloatingPointError(
+                f"step {state.time.step}: the loss or a gradient is not finite (loss "
+                f"{float(out.loss)}); the update was not applied. Pass nonfinite='skip' to "
+                "make_train_step to skip such updates and count them instead"
+            )
         t = state.time
-        state = state.replace(
-            params=params,
-            opt_state=opt_state,
-            time=t._replace(
-                step=t.step + 1,
-                batch_in_epoch=t.batch_in_epoch + 1,
-                samples_forwarded=t.samples_forwarded + n_bwd,
-                samples_backpropagated=t.samples_backpropagated + n_bwd,
-            ),
+        time = t._replace(
+            step=t.step + 1,
+            batch_in_epoch=t.batch_in_epoch + 1,
+            samples_forwarded=t.samples_forwarded
+            + out.samples_backpropagated
+            + run.samples_scored,
+            samples_backpropagated=t.samples_backpropagated + out.samples_backpropagated,
+            updates_skipped=out.updates_skipped,
         )
-        fire(Event.AFTER_TRAIN_BATCH)
-        fire(Event.BATCH_END)
-        state = _end_of_batch(state)
-        return state, StepMetrics(loss.detach(), n_in, n_bwd, tuple(traces))
+        metrics = StepMetrics(
+            out.loss, out.samples_in_batch, out.samples_backpropagated, out.skipped, run.traces
+        )
+        return run.persistent(time), metrics
 
-    def _no_update(
-        self, state: State, n_in: int, traces: list[Trace]
-    ) -> tuple[State, StepMetrics]:
-        t = state.time
-        state = state.replace(
-            time=t._replace(step=t.step + 1, batch_in_epoch=t.batch_in_epoch + 1)
+
+def _check_losses(losses: Any, n: int) -> None:
+    if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or losses.shape[0] != n:
+        got = (
+            f"shape {tuple(losses.shape)}"
+            if isinstance(losses, torch.Tensor)
+            else type(losses).__name__
         )
-        state, tr = self.fire(Event.BATCH_END, state)
-        traces.extend(tr)
-        state = _end_of_batch(state)
-        nan = torch.full((), torch.nan)
-        return state, StepMetrics(nan, n_in, 0, tuple(traces))
+        raise ValueError(
+            f"loss_fn must return one loss per sample, a Tensor[{n}] for this batch of {n} "
+            f"rows; got {got}. Use sbfunc.per_sample_loss, or a criterion with "
+            "reduction='none'"
+        )
 
 
 def make_train_step(
@@ -253,56 +379,62 @@ def make_train_step(
     optimizer: Optimizer,
     algorithms: Sequence[Algorithm] = (),
     passes: Sequence[Pass] = DEFAULT_PASSES,
+    *,
+    nonfinite: NonFinite = "skip",
+    keyed_model: bool | None = None,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
-    One call fires the per-batch events :data:`BATCH_EVENTS` in Composer's order through
-    :func:`sbfunc.run_event`, and between them:
+    ``state = step.init(params, buffers, key=key)`` builds the whole initial
+    :class:`~sbfunc.TrainState` (optimizer and algorithm states included). One call fires the
+    per-batch events :data:`BATCH_EVENTS` in Composer's order and, between them:
 
-    * after ``BEFORE_FORWARD``: the forward, ``torch.func.vjp`` of ``loss_fn.forward`` (for a
-      :class:`sbfunc.ModuleLoss`; ``state.outputs`` is set for ``AFTER_FORWARD``);
-    * after ``BEFORE_LOSS``: ``torch.func.grad_and_value`` of the weighted mean of the
-      per-sample losses of ``state.batch`` (so targets changed on ``BEFORE_LOSS`` count), with
-      ``state.sample_weights`` from selection policies (see :func:`weighted_mean`);
-    * after ``BEFORE_BACKWARD``: the backward (the pull-back of the output gradient);
-    * after ``AFTER_BACKWARD``: the optimizer update ``optimizer.update(grads, opt_state,
-      params=params, inplace=False)`` and ``params + updates``.
-
-    For a plain :data:`LossFn` the forward, loss and backward all run at the loss stage and
-    ``state.outputs`` stays ``None``. After ``BATCH_END`` the per-batch fields (``batch``,
-    ``outputs``, ``loss``, ``sample_weights``) are reset to ``None``: the state between steps
-    has the structure of a fresh :func:`sbfunc.init_state` (checkpoints load against one) and
-    the loss is reported in the metrics.
+    * after ``BEFORE_FORWARD``: the forward (``state.outputs`` is set for ``AFTER_FORWARD``
+      when ``loss_fn`` is a :class:`sbfunc.ModuleLoss`), then ``AFTER_FORWARD`` and
+      ``BEFORE_LOSS``, then the per-sample losses of ``state.batch`` (so targets changed on
+      ``BEFORE_LOSS`` count) and their weighted mean with ``state.sample_weights``
+      (:func:`weighted_mean`), differentiated in one pass;
+    * ``AFTER_LOSS`` sees ``loss`` and the per-sample ``losses``; ``AFTER_BACKWARD`` sees
+      ``grads`` (and may change them);
+    * then the optimizer update ``optimizer.update(grads, opt_state, params)``.
 
     A batch left with **zero rows** after ``BEFORE_FORWARD`` (Selective Backprop with
     ``refill`` queues its kept rows until a full batch is ready) makes no update: only
-    ``BATCH_END`` fires, the loader batch still counts in ``time.step`` and
-    ``time.batch_in_epoch`` (so durations stay in loader batches), and the metrics report a
-    NaN loss and 0 backpropagated rows. Nothing is mutated: buffers are copied before a
-    train-mode forward writes BatchNorm statistics, and the new state is returned.
+    ``BATCH_END`` fires and the step counts as skipped. With ``nonfinite="skip"`` (the
+    default) an update whose loss or gradient is not finite never reaches the parameters,
+    buffers or optimizer state: it is counted in ``metrics.skipped`` and
+    ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
+    ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
+
+    Randomness inside the model (dropout) draws from the state's key, not from torch's global
+    generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
+
+    ``torch.compile(step)`` compiles it (see the module docs); the result still has ``init``
+    and ``fire`` and works with :func:`sbfunc.fit`.
 
     Args:
         loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., train=True)``).
-        optimizer: an optax-style optimizer such as ``torchopt.adam(1e-3)``.
+        optimizer: an :mod:`sbfunc.optim` optimizer, e.g. ``sbfunc.optim.adam(1e-3)``.
         algorithms: the algorithms to run (see :func:`sbfunc.chain`).
         passes: the ordering passes (default :data:`sbfunc.passes.DEFAULT_PASSES`).
+        nonfinite: ``"skip"``, ``"raise"`` or ``"allow"`` (see above).
+        keyed_model: draw the model's random operations from the state's key; ``None``
+            (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
+            dropout (or multi-head attention) layers.
 
     Example:
-        >>> import torchopt
         >>> model = torch.nn.Linear(4, 3)
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
         >>> params, buffers = sbfunc.split_module(model, clone=True)
-        >>> optimizer = torchopt.sgd(0.1)
-        >>> state = sbfunc.init_state(params, buffers, key=sbfunc.random.key(0),
-        ...                           opt_state=optimizer.init(params))
-        >>> step = sbfunc.make_train_step(loss_fn, optimizer)
+        >>> state = step.init(params, buffers, key=sbfunc.random.key(0))
         >>> state, metrics = step(state, (torch.randn(8, 4), torch.randint(0, 3, (8,))))
         >>> state.time.step, metrics.samples_backpropagated
         (1, 8)
 
     References:
-        MosaicML Composer's training loop events; optax's ``init``/``update`` optimizers
-        (torchopt port).
+        MosaicML Composer's training loop events; optax's ``init``/``update``; optax
+        ``apply_if_finite``; ``jax.jit(train_step)``.
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
@@ -310,13 +442,17 @@ def make_train_step(
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):
         raise TypeError(
-            "optimizer must have init(params) and update(grads, state, params=..., inplace=...) "
-            f"(e.g. torchopt.adam(1e-3)); got {type(optimizer).__name__}"
+            "optimizer must have init(params) and update(grads, state, params) -> "
+            f"(params, state), e.g. sbfunc.optim.adam(1e-3); got {type(optimizer).__name__}"
         )
     algorithms = tuple(algorithms)
-    for a in algorithms:
+    for i, a in enumerate(algorithms):
         if not isinstance(a, Algorithm):
-            raise TypeError(
-                f"algorithms must be sbfunc.Algorithm instances, got {type(a).__name__}"
-            )
-    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes))
+            raise TypeError(f"algorithms[{i}] must be an sbfunc.Algorithm, got {type(a).__name__}")
+    if nonfinite not in ("skip", "raise", "allow"):
+        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
+    if keyed_model is None:
+        keyed_model = isinstance(loss_fn, ModuleLoss) and _has_random_modules(loss_fn.module)
+    elif not isinstance(keyed_model, bool):
+        raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
+    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model)

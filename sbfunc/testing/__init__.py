@@ -1,9 +1,9 @@
 """Hypothesis strategies and a toy algorithm, for property-testing passes and algorithms.
 
 Needs ``hypothesis`` (the ``test`` extra). The strategies draw events, lists of toy algorithms
-with random flags and colliding names, pytree batches and train states; a :class:`Toy` logs
-its ``tag`` in ``state.algorithm_state["log"]`` when applied, so the log is the order of
-application.
+with random flags and colliding names, pytree batches and states whose params and batches fit
+a linear classifier (:func:`linear_loss`); a :class:`Toy` logs its ``tag`` in its own state
+when applied, and :func:`applied` reads the order of applications from the engine's traces.
 
 Example:
     Property-test your own pass: it must return a permutation of its input on every event.
@@ -23,14 +23,35 @@ References:
     Hypothesis (MacIver et al. 2019); optax's registry-wide transform tests.
 """
 
+try:
+    import hypothesis  # noqa: F401
+except ImportError as err:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "sbfunc.testing needs hypothesis: pip install hypothesis (or pip install 'sbfunc[test]')"
+    ) from err
+
 import sbfunc.passes  # noqa: F401  (the example above uses sbfunc.passes)
 from sbfunc.testing.strategies import (
+    CLASSES,
     algorithm_lists,
     algorithms,
     events,
+    linear_loss,
     pytree_batches,
     states,
+    train_states,
 )
-from sbfunc.testing.toy import LOG, Toy
+from sbfunc.testing.toy import Toy, applied
 
-__all__ = ["LOG", "Toy", "algorithm_lists", "algorithms", "events", "pytree_batches", "states"]
+__all__ = [
+    "CLASSES",
+    "Toy",
+    "algorithm_lists",
+    "algorithms",
+    "applied",
+    "events",
+    "linear_loss",
+    "pytree_batches",
+    "states",
+    "train_states",
+]

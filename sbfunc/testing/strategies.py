@@ -10,10 +10,22 @@ from hypothesis import strategies as st
 from sbfunc import random as sbrandom
 from sbfunc.engine.algorithm import FLAGS, Algorithm
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State, Time
+from sbfunc.engine.state import State, Time, TrainState
 from sbfunc.testing.toy import Toy
 
-__all__ = ["algorithm_lists", "algorithms", "events", "pytree_batches", "states"]
+__all__ = [
+    "CLASSES",
+    "algorithm_lists",
+    "algorithms",
+    "events",
+    "linear_loss",
+    "pytree_batches",
+    "states",
+    "train_states",
+]
+
+CLASSES = 3
+"""The number of classes of the toy batches and the linear classifier."""
 
 _NAMES = ("A", "B", "C", "SelectiveBackprop", "CutOut")
 
@@ -92,13 +104,16 @@ def algorithm_lists(draw: st.DrawFn, min_size: int = 0, max_size: int = 8) -> li
 
 
 @st.composite
-def pytree_batches(draw: st.DrawFn, max_size: int = 8) -> Any:
+def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = None) -> Any:
     """A batch pytree (tuple, dict or nested, with metadata leaves) of ``N`` rows.
 
-    Values come from an ``sbfunc.random`` key drawn as an integer, so examples are reproducible.
+    Every form holds ``x`` (``[N, features]`` floats) and ``y`` (``[N]`` class indices in
+    ``[0, 3)``) where :func:`linear_loss` finds them. Values come from an ``sbfunc.random``
+    key drawn as an integer, so examples are reproducible.
 
     Args:
         max_size: the largest ``N`` (``N >= 1``).
+        features: the number of features (drawn in ``[1, 4]`` when ``None``).
 
     Example:
         >>> from sbfunc.testing import pytree_batches
@@ -113,9 +128,10 @@ def pytree_batches(draw: st.DrawFn, max_size: int = 8) -> Any:
         optree pytrees; Hypothesis ``composite``.
     """
     n = draw(st.integers(1, max_size))
+    d = draw(st.integers(1, 4)) if features is None else features
     kx, ky = sbrandom.split(sbrandom.key(draw(st.integers(0, 2**32))))
-    x = sbrandom.uniform(kx, (n, draw(st.integers(1, 4))))
-    y = sbrandom.bits(ky, (n,)) % 3
+    x = sbrandom.uniform(kx, (n, d))
+    y = sbrandom.randint(ky, (n,), 0, CLASSES)
     kind = draw(st.sampled_from(("tuple", "dict", "nested")))
     if kind == "tuple":
         return (x, y)
@@ -124,40 +140,107 @@ def pytree_batches(draw: st.DrawFn, max_size: int = 8) -> Any:
     return {"input": (x, x * 2), "target": y, "meta": "toy", "scale": torch.tensor(1.0)}
 
 
-@st.composite
-def states(draw: st.DrawFn, with_batch: bool = True) -> State:
-    """A :class:`State` with small params/buffers, a random :class:`Time`, key and batch.
+def _features(batch: Any) -> torch.Tensor:
+    if isinstance(batch, tuple):
+        return batch[0]
+    x = batch["input"]
+    return x[0] if isinstance(x, tuple) else x
 
-    Args:
-        with_batch: draw a :func:`pytree_batches` batch (else ``batch=None``).
+
+def _targets(batch: Any) -> torch.Tensor:
+    return batch[1] if isinstance(batch, tuple) else batch["target"]
+
+
+def linear_loss(params: dict[str, torch.Tensor], buffers: Any, batch: Any) -> torch.Tensor:
+    """The per-sample cross-entropy of the linear classifier of :func:`states` on any
+    :func:`pytree_batches` batch: a :class:`sbfunc.LossFn` for property tests.
 
     Example:
-        >>> from sbfunc.testing import states
-        >>> from hypothesis import given, settings
-        >>> @settings(max_examples=10, derandomize=True, database=None)
-        ... @given(states())
-        ... def elapsed_in_range(state):
-        ...     assert 0.0 <= state.time.elapsed <= 1.0
-        >>> elapsed_in_range()
+        >>> from sbfunc.testing import linear_loss
+        >>> params = {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}
+        >>> linear_loss(params, {}, (torch.ones(4, 2), torch.tensor([0, 1, 2, 0]))).shape
+        torch.Size([4])
 
     References:
-        optax states; Hypothesis ``composite``.
+        PyTorch ``torch.nn.functional.linear`` and ``cross_entropy``.
     """
-    key = sbrandom.key(draw(st.integers(0, 2**32)))
-    kp = sbrandom.fold_in(key, 1)
-    dim = draw(st.integers(1, 3))
-    time = Time(
+    logits = torch.nn.functional.linear(_features(batch), params["weight"], params["bias"])
+    return torch.nn.functional.cross_entropy(logits, _targets(batch), reduction="none")
+
+
+def _time(draw: st.DrawFn) -> Time:
+    return Time(
         step=draw(st.integers(0, 1000)),
         epoch=draw(st.integers(0, 10)),
         batch_in_epoch=draw(st.integers(0, 100)),
         elapsed=draw(st.floats(0.0, 1.0, allow_nan=False)),
         samples_forwarded=draw(st.integers(0, 10**6)),
         samples_backpropagated=draw(st.integers(0, 10**6)),
+        updates_skipped=torch.tensor(draw(st.integers(0, 10))),
     )
+
+
+@st.composite
+def states(draw: st.DrawFn, with_batch: bool = True) -> State:
+    """A :class:`~sbfunc.State` (what ``apply`` sees) whose params and batch fit together.
+
+    The params are a linear classifier (``weight [3, d]``, ``bias [3]``) and the batch a
+    :func:`pytree_batches` batch with ``d`` features, so :func:`linear_loss` (or an algorithm
+    that runs it, such as Selective Backprop) works on every example; time and key are drawn.
+
+    Args:
+        with_batch: draw a batch (else ``batch=None``).
+
+    Example:
+        >>> from sbfunc.testing import linear_loss, states
+        >>> from hypothesis import given, settings
+        >>> @settings(max_examples=10, derandomize=True, database=None)
+        ... @given(states())
+        ... def loss_runs(state):
+        ...     losses = linear_loss(state.params, state.buffers, state.batch)
+        ...     assert losses.shape == (sbfunc.batch_size(state.batch),)
+        >>> loss_runs()
+
+    References:
+        optax states; Hypothesis ``composite``.
+    """
+    key = sbrandom.key(draw(st.integers(0, 2**32)))
+    d = draw(st.integers(1, 4))
+    params = {
+        "weight": sbrandom.normal(sbrandom.fold_in(key, 1), (CLASSES, d)),
+        "bias": torch.zeros(CLASSES),
+    }
     return State(
-        params={"weight": sbrandom.uniform(kp, (dim, dim)), "bias": torch.zeros(dim)},
-        buffers={"count": torch.zeros((), dtype=torch.int64)},
-        key=key,
-        batch=draw(pytree_batches()) if with_batch else None,
-        time=time,
+        key,
+        params=params,
+        buffers={},
+        time=_time(draw),
+        batch=draw(pytree_batches(features=d)) if with_batch else None,
+    )
+
+
+@st.composite
+def train_states(draw: st.DrawFn, num_algorithms: int = 0) -> TrainState:
+    """A :class:`~sbfunc.TrainState` with the params of :func:`states`, a drawn time and key,
+    and ``num_algorithms`` empty algorithm states (``()``, what :class:`Toy` starts from).
+
+    Example:
+        >>> from sbfunc.testing import train_states
+        >>> from hypothesis import given, settings
+        >>> @settings(max_examples=5, derandomize=True, database=None)
+        ... @given(train_states(num_algorithms=2))
+        ... def two_entries(state):
+        ...     assert state.algorithm_state == ((), ())
+        >>> two_entries()
+
+    References:
+        flax ``TrainState``; Hypothesis ``composite``.
+    """
+    view = draw(states(with_batch=False))
+    return TrainState(
+        view.params,
+        view.buffers,
+        view.key,
+        algorithm_state=((),) * num_algorithms,
+        time=view.time,
     )

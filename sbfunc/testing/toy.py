@@ -1,24 +1,42 @@
-"""``Toy``: a configurable do-nothing algorithm that logs its application order."""
+"""``Toy``: a configurable do-nothing algorithm that logs its applications in its own state."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sbfunc.engine.algorithm import Algorithm, ApplyResult
 from sbfunc.engine.events import Event
+from sbfunc.engine.run import Trace, trace_labels
 from sbfunc.engine.state import State
 
-__all__ = ["LOG", "Toy"]
+__all__ = ["Toy", "applied"]
 
-LOG = "log"
-"""The ``algorithm_state`` entry where :class:`Toy` appends its ``tag`` when applied."""
+
+def applied(traces: Iterable[Trace], algorithms: Sequence[Algorithm]) -> list[int]:
+    """The positions in ``algorithms`` of the traced applications, in application order.
+
+    Example:
+        >>> from sbfunc.engine import Event, TrainState, run_event
+        >>> from sbfunc.testing import Toy, applied
+        >>> algs = [Toy(), Toy(), Toy(name="other")]
+        >>> state = TrainState({}, {}, sbfunc.random.key(0), algorithm_state=((), (), ()))
+        >>> applied(run_event(Event.AFTER_LOSS, state, algs)[1], algs)  # FILO: reversed
+        [2, 1, 0]
+
+    References:
+        MosaicML Composer ``Trace`` (the engine's record of applications).
+    """
+    labels = trace_labels(algorithms)
+    return [labels.index(t.name) for t in traces]
 
 
 class Toy(Algorithm):
-    """A pure test algorithm: matches chosen events, appends ``tag`` to ``algorithm_state["log"]``.
+    """A pure test algorithm: matches chosen events and appends ``tag`` to its own state.
 
-    Reading the log after ``run_event`` gives the order in which algorithms were applied.
+    Its state starts as ``()``; each application appends its ``tag``, so ``state.own`` counts
+    its applications. :func:`applied` reads the order of applications across algorithms from
+    the engine's traces.
 
     Args:
         tag: what ``apply`` appends to the log (e.g. the position in a list).
@@ -35,12 +53,12 @@ class Toy(Algorithm):
         TypeError: if an event is not an ``Event``.
 
     Example:
-        >>> from sbfunc.engine import Event, init_state
+        >>> from sbfunc.engine import Event
         >>> from sbfunc.testing import Toy
         >>> toy = Toy(tag=7, events=[Event.BATCH_END])
-        >>> state = init_state({}, {}, key=sbfunc.random.key(0))
-        >>> toy.match(Event.INIT, state), toy.apply(Event.BATCH_END, state).algorithm_state
-        (False, {'log': (7,)})
+        >>> state = sbfunc.State(sbfunc.random.key(0), own=toy.init(sbfunc.random.key(0)))
+        >>> toy.match(Event.INIT, state), toy.apply(Event.BATCH_END, state).own
+        (False, (7,))
 
     References:
         Hypothesis, "stateful and property-based testing"; MosaicML Composer test algorithms.
@@ -72,12 +90,14 @@ class Toy(Algorithm):
         self.selects_samples = selects_samples
         self.fuses_layernorm = fuses_layernorm
 
+    def init(self, key: Any) -> tuple[Any, ...]:
+        return ()
+
     def match(self, event: Event, state: State) -> bool:
         return self.events is None or event in self.events
 
     def apply(self, event: Event, state: State) -> ApplyResult:
-        log = state.algorithm_state.get(LOG, ())
-        state = state.replace(algorithm_state={**state.algorithm_state, LOG: (*log, self.tag)})
+        state = state.replace(own=(*(state.own or ()), self.tag))
         return state if self.exit_code is None else (state, self.exit_code)
 
     def __repr__(self) -> str:

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import random as sbrandom
 
-common = settings(max_examples=40, deadline=None, derandomize=True)
+common = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 
 
 @common

@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-import torchopt
 from torch import nn
 
 import sbfunc
@@ -24,17 +23,20 @@ class Spy(sbfunc.Algorithm):
         return state
 
 
-def _image_setup(algorithms):
+def _image_setup():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
     params, buffers = sbfunc.split_module(model, clone=True)
-    opt = torchopt.sgd(0.1)
-    state = sbfunc.init_state(
-        params, buffers, key=sbrandom.key(1), opt_state=opt.init(params), algorithms=algorithms
-    )
     x = torch.rand(N, 1, 4, 4) + 1.0  # never zero, so CutOut's zeros are visible
     y = torch.arange(N) % 3
-    return model, opt, state, (x, y)
+    return model, params, buffers, (x, y)
+
+
+def _step(model, params, buffers, algorithms, loss_fn=None):
+    """A train step of ``algorithms`` and its initial state."""
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy) if loss_fn is None else loss_fn
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms)
+    return step, step.init(params, buffers, key=sbrandom.key(1))
 
 
 def _recording_loss(model, record):
@@ -50,14 +52,14 @@ def _recording_loss(model, record):
 @pytest.mark.parametrize("order", ["cutout_first", "sb_first"])
 def test_selective_backprop_scores_the_raw_batch_before_cutout(order):
     scored = []
-    model, opt, state, batch = _image_setup(())
+    model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, 0.5, interrupt=0, loss_fn=_recording_loss(model, scored)
     )
     cutout = sbfunc.CutOut(length=0.5)
     after = Spy(sbfunc.Event.BEFORE_FORWARD, view=lambda b: b[0])
     algorithms = [cutout, sb, after] if order == "cutout_first" else [sb, cutout, after]
-    train = sbfunc.make_train_step(sbfunc.per_sample_loss(model, F.cross_entropy), opt, algorithms)
+    train, state = _step(model, params, buffers, algorithms)
     _, metrics = train(state, batch)
     assert torch.equal(scored[0], batch[0])  # SB saw every raw row, no holes
     ((_, x_seen),) = after.seen
@@ -67,25 +69,24 @@ def test_selective_backprop_scores_the_raw_batch_before_cutout(order):
 
 def test_selective_backprop_scores_before_mixup():
     scored = []
-    model, opt, state, batch = _image_setup(())
+    model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, 0.5, interrupt=0, loss_fn=_recording_loss(model, scored)
     )
     mixup = sbfunc.MixUp(alpha=1.0, num_classes=3)
     spy = Spy(sbfunc.Event.AFTER_FORWARD)
-    train = sbfunc.make_train_step(
-        sbfunc.per_sample_loss(model, F.cross_entropy), opt, [mixup, sb, spy]
-    )
+    train, state = _step(model, params, buffers, [mixup, sb, spy])
     train(state, batch)
     assert torch.equal(scored[0], batch[0])
     ((_, (x, y)),) = spy.seen
     assert x.shape[0] == N // 2 and y.shape == (N // 2, 3)  # mixed soft targets on kept rows
     torch.testing.assert_close(y.sum(1), torch.ones(N // 2))
-    assert not any(torch.equal(x[i], row) for i in range(len(x)) for row in batch[0])
+    # mixed (a row the permutation maps to itself stays raw, so not every row need change)
+    assert not all(any(torch.equal(x[i], row) for row in batch[0]) for i in range(len(x)))
 
 
 def test_label_smoothing_smooths_for_the_loss_and_restores_after():
-    model, opt, state, batch = _image_setup(())
+    model, params, buffers, batch = _image_setup()
     ls = sbfunc.LabelSmoothing(0.2, num_classes=3)
     spy = Spy(
         sbfunc.Event.BEFORE_LOSS,
@@ -94,10 +95,8 @@ def test_label_smoothing_smooths_for_the_loss_and_restores_after():
         view=lambda b: b[1],
     )
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
-    state = sbfunc.init_state(
-        state.params, state.buffers, key=state.key, opt_state=state.opt_state, algorithms=[ls]
-    )
-    new_state, metrics = sbfunc.make_train_step(loss_fn, opt, [ls, spy])(state, batch)
+    step, state = _step(model, params, buffers, [ls, spy], loss_fn)
+    new_state, metrics = step(state, batch)
     by_event = dict(spy.seen)
     # FILO: on BEFORE_LOSS the spy (listed later) runs after LabelSmoothing and sees soft
     # targets; on AFTER_LOSS it runs before the restore; on BEFORE_BACKWARD all is restored.
@@ -107,15 +106,37 @@ def test_label_smoothing_smooths_for_the_loss_and_restores_after():
     smoothed = sbfunc.smooth_labels(batch[1], 0.2, 3)
     expected = loss_fn(state.params, state.buffers, (batch[0], smoothed)).mean()
     torch.testing.assert_close(metrics.loss, expected)
-    assert "LabelSmoothing" not in new_state.algorithm_state  # nothing left stashed
+    assert new_state.algorithm_state == (None, None)  # the targets waited in scratch only
 
 
-def test_label_smoothing_refuses_unmatched_after_loss():
+def test_label_smoothing_keeps_the_targets_in_scratch_and_refuses_unmatched_after_loss():
     ls = sbfunc.LabelSmoothing(0.1, num_classes=2)
-    state = sbfunc.init_state({}, {}, key=sbrandom.key(0), algorithms=[ls])
-    state = state.replace(batch=(torch.zeros(1, 2), torch.tensor([1])))
+    y = torch.tensor([1])
+    state = sbfunc.State(sbrandom.key(0), batch=(torch.zeros(1, 2), y), own=ls.init(None))
+    smoothed = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
+    assert smoothed.scratch is y and smoothed.own is None and state.scratch is None
+    restored = ls.apply(sbfunc.Event.AFTER_LOSS, smoothed)
+    assert restored.batch[1] is y and restored.scratch is None
     with pytest.raises(RuntimeError, match="without the matching BEFORE_LOSS"):
         ls.apply(sbfunc.Event.AFTER_LOSS, state)
+
+
+@pytest.mark.parametrize(
+    ("alg", "event"),
+    [
+        (sbfunc.CutOut(length=0.5), sbfunc.Event.AFTER_DATALOADER),
+        (sbfunc.MixUp(alpha=1.0, num_classes=3), sbfunc.Event.BEFORE_FORWARD),
+    ],
+)
+def test_augmentations_draw_from_the_state_key_only(alg, event):
+    _, _, _, batch = _image_setup()
+    state = sbfunc.State(sbrandom.key(5), batch=batch)
+    first, again = alg.apply(event, state), alg.apply(event, state)
+    other = alg.apply(event, state.replace(key=sbrandom.key(6)))
+    assert torch.equal(first.batch[0], again.batch[0])  # deterministic per key
+    assert not torch.equal(first.batch[0], other.batch[0])  # the key is what varies it
+    assert first.own == state.own and state.batch is batch and first.key is state.key
+    assert alg.match(event, state) and not alg.match(sbfunc.Event.BATCH_END, state)
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,6 @@ import optree
 import pytest
 import torch
 import torch.nn.functional as F
-import torchopt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -11,16 +10,23 @@ import sbfunc
 from sbfunc import random as sbrandom
 from sbfunc.testing import strategies as sbst
 
-common = settings(max_examples=30, deadline=None, derandomize=True)
+common = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 
 
-def _model_state(algorithms=(), elapsed=0.5, batch_in_epoch=1):
+def _model_state(alg=None, elapsed=0.5, batch_in_epoch=1):
+    """A linear model and the event view ``alg`` sees (its own state from ``alg.init``)."""
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     params, buffers = sbfunc.split_module(model, clone=True)
-    state = sbfunc.init_state(params, buffers, key=sbrandom.key(0), algorithms=algorithms)
-    t = state.time._replace(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
-    return model, state.replace(time=t)
+    key = sbrandom.key(0)
+    state = sbfunc.State(
+        key,
+        params,
+        buffers,
+        time=sbfunc.Time(elapsed=elapsed, batch_in_epoch=batch_in_epoch),
+        own=None if alg is None else alg.init(key),
+    )
+    return model, state
 
 
 def _dict_batch(n=8, seed=0):
@@ -78,18 +84,18 @@ def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
     n = sbfunc.batch_size(batch)
     scores = torch.linspace(0, 1, n)
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep, interrupt=0, loss_fn=lambda p, b, x: scores)
-    state = sbfunc.init_state({}, {}, key=sbrandom.key(seed)).replace(batch=batch)
+    state = sbfunc.State(sbrandom.key(seed), batch=batch, own=sb.init(sbrandom.key(seed)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
-    idx = sbfunc.rank_power(scores, keep, key=sbrandom.split(state.key)[1]).indices
+    idx = sbfunc.rank_power(scores, keep, key=state.key).indices  # drawn from its own key
     expected = sbfunc.take(batch, idx)
     got, want = optree.tree_leaves(out.batch), optree.tree_leaves(expected)
     assert len(got) == len(want)
     assert all(
         torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got, want, strict=True)
     )
-    assert out.time.samples_forwarded == n
-    assert not torch.equal(out.key, state.key)  # the key advanced
-    assert state.batch is batch  # the input state is untouched
+    assert out.samples_scored == n and out.sample_weights is None
+    assert out.key is state.key and out.own is None  # keys are never stored back
+    assert state.batch is batch and state.samples_scored == 0  # the input state is untouched
 
 
 def test_dict_batch_with_ids_and_policy_state_round_trip():
@@ -98,16 +104,16 @@ def test_dict_batch_with_ids_and_policy_state_round_trip():
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, interrupt=0, loss_fn=_loss(model), policy=policy, ids="id"
     )
-    _, state = _model_state([sb])
-    assert state.algorithm_state["SelectiveBackprop"] is not None
+    _, state = _model_state(sb)
+    assert type(state.own) is type(policy.init())  # its own state is the policy state
+    before = state.own.loss.clone()
     state = state.replace(batch=_dict_batch())
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
     n_kept = sbfunc.batch_size(out.batch)
     assert n_kept == 4 and set(out.batch) == {"x", "y", "id", "meta"}
     assert out.batch["meta"]["w"].shape == (4, 2)
-    assert (
-        out.algorithm_state["SelectiveBackprop"] is not state.algorithm_state["SelectiveBackprop"]
-    )
+    assert out.own is not state.own and torch.equal(state.own.loss, before)
+    assert bool((out.own.epoch[100:108] == 0).all())  # every scored id recorded
 
 
 def test_stale_sb_skips_scoring_of_fresh_rows():
@@ -119,11 +125,14 @@ def test_stale_sb_skips_scoring_of_fresh_rows():
 
     policy = sbfunc.policies.stale_sb(1.0, num_ids=200, max_age=2)
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id")
-    _, state = _model_state([sb])
+    _, state = _model_state(sb)
     state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
-    assert state.time.samples_forwarded == 8
+    assert state.samples_scored == 8
     state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
-    assert calls == [8] and state.time.samples_forwarded == 8  # cached: no forward
+    assert calls == [8] and state.samples_scored == 8  # cached: no forward
+    later = state.replace(batch=_dict_batch(), time=state.time._replace(epoch=2))
+    assert sb.apply(sbfunc.Event.AFTER_DATALOADER, later).samples_scored == 16  # too old
+    assert calls == [8, 8]
 
 
 def test_stale_sb_needs_ids():
@@ -131,7 +140,7 @@ def test_stale_sb_needs_ids():
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, interrupt=0, loss_fn=lambda p, b, x: x["x"].sum(1), policy=policy
     )
-    _, state = _model_state([sb])
+    _, state = _model_state(sb)
     with pytest.raises(ValueError, match="ids"):
         sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
 
@@ -151,10 +160,10 @@ def test_weights_from_policy_reach_the_step():
             seen.append(state.sample_weights)
             return state
 
-    opt = torchopt.sgd(0.1)
-    step = sbfunc.make_train_step(loss_fn, opt, [sb, Spy()])
-    _, state = _model_state([sb])
-    state = state.replace(opt_state=opt.init(state.params))
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy()])
+    _, view = _model_state()
+    state = step.init(view.params, view.buffers, key=view.key)
+    state = state.replace(time=state.time._replace(elapsed=0.5))
     _, metrics = step(state, _dict_batch(16))
     kept = metrics.samples_backpropagated
     assert 1 <= kept <= 4 and seen[0].shape == (kept,)  # Horvitz-Thompson weights per kept row
@@ -196,11 +205,8 @@ def _refill_run(policy, steps=6, n=8):
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id", refill=_dict_batch(n)
     )
-    opt = torchopt.sgd(0.1)
-    step = sbfunc.make_train_step(loss_fn, opt, [sb, Spy()])
-    state = sbfunc.init_state(
-        params, buffers, key=sbrandom.key(3), opt_state=opt.init(params), algorithms=[sb]
-    )
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy()])
+    state = step.init(params, buffers, key=sbrandom.key(3))
     history = []
     for i in range(steps):
         batch = _dict_batch(n, seed=i)
@@ -219,13 +225,15 @@ def test_refill_trains_on_full_batches_in_arrival_order():
     flat = [i for ids in trained for i in ids]
     assert len(flat) == len(set(flat)) == 24  # never dropped or duplicated
     assert [i // 8 for i in flat] == sorted(i // 8 for i in flat)  # FIFO across batches
-    _, queue = state.algorithm_state["SelectiveBackprop"]
+    _, queue = state.algorithm_state[0]
     assert sbfunc.batch_size(queue.rows) == 0
+    assert [bool(m.skipped) for m in history] == [True, False] * 3
+    assert int(state.time.updates_skipped) == 3  # a step with no rows makes no update
 
 
 def test_refill_with_variable_count_policy_keeps_every_selected_row():
     state, history, trained = _refill_run(sbfunc.policies.jiang_cdf(1.0), steps=10)
-    _, queue = state.algorithm_state["SelectiveBackprop"]
+    _, queue = state.algorithm_state[0]
     backpropagated = sum(m.samples_backpropagated for m in history)
     assert all(m.samples_backpropagated in (0, 8) for m in history)
     assert backpropagated == 8 * len(trained)
@@ -235,14 +243,105 @@ def test_refill_with_variable_count_policy_keeps_every_selected_row():
 
 def test_refill_state_checkpoints(tmp_path):
     state, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=3)
-    _, queue = state.algorithm_state["SelectiveBackprop"]
+    _, queue = state.algorithm_state[0]
     assert sbfunc.batch_size(queue.rows) == 4  # mid-refill
     sbfunc.checkpoint.save(state, tmp_path / "s.pt")
     fresh, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=0)
     loaded = sbfunc.checkpoint.load(tmp_path / "s.pt", like=fresh)
-    assert torch.equal(loaded.algorithm_state["SelectiveBackprop"][1].rows["x"], queue.rows["x"])
+    assert torch.equal(loaded.algorithm_state[0][1].rows["x"], queue.rows["x"])
 
 
 def test_refill_refuses_weighted_selections():
     with pytest.raises(ValueError, match="refill cannot queue weighted selections"):
         _refill_run(sbfunc.policies.jiang_cdf(1.0, reweight=True), steps=1)
+
+
+def _kept_ids(extra_before=(), extra_after=(), steps=4):
+    """The ids Selective Backprop keeps on each of ``steps`` steps of a run whose algorithm
+    list is ``[*extra_before, SB, *extra_after]`` (scores depend on the data only)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 3))
+    params, buffers = sbfunc.split_module(model, clone=True)
+    kept = []
+
+    def select(scores, keep, *, key):
+        sel = sbfunc.rank_power(scores, keep, key=key)
+        kept.append(sel.indices.tolist())
+        return sel
+
+    sb = sbfunc.SelectiveBackprop(
+        0.0,
+        1.0,
+        0.25,
+        interrupt=0,
+        loss_fn=lambda p, b, batch: batch["x"].flatten(1).sum(1),
+        select=select,
+    )
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+    step = sbfunc.make_train_step(
+        loss_fn, sbfunc.optim.sgd(0.1), [*extra_before, sb, *extra_after]
+    )
+    state = step.init(params, buffers, key=sbrandom.key(11))
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        batch = {
+            "x": torch.rand(16, 1, 4, 4, generator=g) + 1,
+            "y": torch.randint(0, 3, (16,), generator=g),
+        }
+        state, _ = step(state, batch)
+    return kept
+
+
+def test_other_algorithms_never_change_selective_backprops_draws():
+    alone = _kept_ids()
+    assert len(alone) == 4 and len({tuple(k) for k in alone}) > 1  # a new draw every step
+    mixup = sbfunc.MixUp(alpha=1.0, num_classes=3, input="x", target="y")
+    assert _kept_ids(extra_before=[mixup]) == alone
+    assert _kept_ids(extra_after=[sbfunc.CutOut(input="x")]) == alone
+    second = sbfunc.SelectiveBackprop(
+        0.0, 1.0, 0.5, interrupt=0, loss_fn=lambda p, b, x: x["x"].sum((1, 2, 3)), name="other"
+    )  # selectors run in list order on every event: listed after SB, it prunes SB's rows
+    assert _kept_ids(extra_after=[second]) == alone
+
+
+def test_outside_its_window_the_step_is_plain():
+    model, view = _model_state()
+    loss_fn = _loss(model)
+    sb = sbfunc.SelectiveBackprop(0.5, 0.9, 0.25, interrupt=0, loss_fn=loss_fn)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
+    plain = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    state = step.init(view.params, view.buffers, key=view.key)
+    batch = _dict_batch(16)
+    early, m_early = step(state, batch)
+    expected, _ = plain(plain.init(view.params, view.buffers, key=view.key), batch)
+    assert m_early.samples_backpropagated == 16 and m_early.traces == ()
+    assert all(torch.equal(early.params[k], expected.params[k]) for k in expected.params)
+    inside = state.replace(time=state.time._replace(elapsed=0.6))
+    _, m_inside = step(inside, batch)
+    assert m_inside.samples_backpropagated == 4
+    assert [(t.name, t.event) for t in m_inside.traces] == [
+        ("SelectiveBackprop", sbfunc.Event.AFTER_DATALOADER)
+    ]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: sbfunc.policies.stale_sb(1.0, num_ids=200, max_age=2),
+        lambda: sbfunc.policies.infobatch(0.5, 0.9, num_ids=200),
+        lambda: sbfunc.policies.loshchilov(10.0, 0.5, num_ids=200),
+        lambda: sbfunc.policies.grad_norm_importance(0.5),
+    ],
+)
+def test_policies_run_inside_the_step_on_the_clock(make):
+    """Inside the step the epoch and elapsed time reach the policy as clock tensors."""
+    model, view = _model_state()
+    loss_fn = _loss(model)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=make(), ids="id")
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
+    state = step.init(view.params, view.buffers, key=view.key)
+    for epoch in range(3):
+        state = state.replace(time=state.time._replace(epoch=epoch, elapsed=epoch / 3))
+        state, metrics = step(state, _dict_batch(8))
+        assert 1 <= metrics.samples_backpropagated <= 8 and not bool(metrics.skipped)
+    assert type(state.algorithm_state[0]) is type(make().init())

@@ -129,3 +129,63 @@ def test_composer_check_order_rank_before_scale_range():
         sbfunc.select_using_loss(
             torch.randn(4, 8), torch.zeros(4), nn.Linear(8, 2), F.cross_entropy, scale_factor=2.0
         )
+
+
+class _Recorder(nn.Module):
+    """Dropout + BatchNorm that records the mode of each scoring forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 5), nn.BatchNorm1d(5), nn.Dropout())
+        self.modes = []
+
+    def forward(self, x):
+        self.modes.append((self.training, self.net[2].training))
+        return self.net(x)
+
+
+# (train, model mode) -> (model mode, BatchNorm mode) in the scoring forward. A model already in
+# the requested mode is left alone (its frozen BatchNorm stays frozen).
+_MODES = {
+    (None, True): (True, False),
+    (None, False): (False, False),
+    (True, True): (True, False),
+    (True, False): (True, True),
+    (False, True): (False, False),
+    (False, False): (False, False),
+}
+
+
+@pytest.mark.parametrize(("train", "start"), list(_MODES))
+def test_select_using_loss_scoring_mode(train, start):
+    _, x, y = _setup(8)
+    rec = _Recorder().train(start)
+    rec.net[2].eval()  # a frozen BatchNorm
+    before = [m.training for m in rec.modules()]
+    stats = rec.net[2].running_mean.clone()
+    sbfunc.select_using_loss(x, y, rec, F.cross_entropy, generator=torch.Generator(), train=train)
+    assert rec.modes == [_MODES[train, start]]
+    assert [m.training for m in rec.modules()] == before  # restored, submodule by submodule
+    assert torch.equal(rec.net[2].running_mean, stats) != rec.modes[0][1]
+
+
+def test_select_using_loss_eval_scores_are_deterministic():
+    model, x, y = _setup(32)
+    net = nn.Sequential(model, nn.Dropout(0.9)).train()
+    rows = [
+        sbfunc.select_using_loss(
+            x, y, net, F.cross_entropy, generator=torch.Generator().manual_seed(0), train=False
+        )[1]
+        for _ in range(2)
+    ]
+    assert torch.equal(rows[0], rows[1]) and net.training
+
+
+def test_select_using_loss_train_needs_a_module():
+    model, x, y = _setup(4)
+    with pytest.raises(TypeError, match=r"train=False sets the scoring mode of an nn\.Module"):
+        sbfunc.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=False)
+    with pytest.raises(TypeError, match="train must be None, True or False"):
+        sbfunc.select_using_loss(x, y, model, F.cross_entropy, train="eval")
+    xs, _ = sbfunc.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=None)
+    assert xs.shape[0] == 2

@@ -1,9 +1,15 @@
 import pytest
 
 import sbfunc
-from sbfunc.engine import init_state
 
 
 @pytest.fixture
-def state0():
-    return init_state({}, {}, key=sbfunc.random.key(0))
+def view0():
+    """The event view an algorithm sees, with nothing in it but a key."""
+    return sbfunc.State(sbfunc.random.key(0))
+
+
+@pytest.fixture
+def train0():
+    """A train state for an empty algorithm list; ``with_algorithms(train0, algs)`` fills it."""
+    return sbfunc.TrainState({}, {}, sbfunc.random.key(0))

@@ -44,8 +44,32 @@ def test_abstract_methods_are_required():
         Half()  # type: ignore[abstract]
 
 
-def test_toy_validates_events_and_reports_exit_code(state0):
+def test_toy_validates_events_and_reports_exit_code(view0):
     with pytest.raises(TypeError, match="events"):
         Toy(events=["init"])
-    out = Toy(exit_code=3).apply(Event.INIT, state0)
-    assert isinstance(out, tuple) and out[1] == 3
+    toy = Toy(tag=5, exit_code=3)
+    state, code = toy.apply(Event.INIT, view0.replace(own=toy.init(view0.key)))
+    assert code == 3 and state.own == (5,)
+
+
+def test_toy_logs_its_tag_in_its_own_state_without_mutating_its_input(view0):
+    toy = Toy(tag="t")
+    start = view0.replace(own=toy.init(view0.key))
+    once = toy.apply(Event.INIT, start)
+    twice = toy.apply(Event.INIT, once)
+    assert (start.own, once.own, twice.own) == ((), ("t",), ("t", "t"))
+    assert twice.key is view0.key and twice.scratch is None
+
+
+def test_apply_returns_a_new_state_and_leaves_the_view_untouched(view0):
+    class Count(Plain):
+        def init(self, key):
+            return 0
+
+        def apply(self, event, state):
+            return state.replace(own=state.own + 1, scratch="seen")
+
+    alg = Count()
+    state = view0.replace(own=alg.init(view0.key))
+    out = alg.apply(Event.BATCH_END, state)
+    assert (out.own, out.scratch) == (1, "seen") and (state.own, state.scratch) == (0, None)

@@ -1,4 +1,4 @@
-"""Combinator laws: chain identity and associativity, gates, flags, names."""
+"""Combinator laws: chain identity and associativity, state mirroring, gates, flags, streams."""
 
 import pytest
 from hypothesis import given, settings
@@ -12,33 +12,32 @@ from sbfunc.engine import (
     chain,
     during,
     every_n_steps,
-    init_state,
     named_chain,
     on_events,
     run_event,
     when,
 )
-from sbfunc.testing import LOG, Toy, algorithm_lists, algorithms, events, states
+from sbfunc.testing import Toy, algorithm_lists, algorithms, events, states
+from tests.engine.helpers import KeyLog, apply_if_matched, for_algorithms, logged_tags, same_keys
 
-STATE0 = init_state({}, {}, key=sbfunc.random.key(0))
 PROPS = settings(max_examples=50, derandomize=True, deadline=None, database=None)
 
 
-def log_of(alg, event, state):
-    if not alg.match(event, state):
-        return None
-    out = alg.apply(event, state)
-    out = out[0] if isinstance(out, tuple) and not hasattr(out, "params") else out
-    return out.algorithm_state.get(LOG, ())
+def effect(alg, event, state):
+    """``(tags logged, exit code)`` of one engine-style application, or ``None``."""
+    out, code = apply_if_matched(alg, event, state.replace(own=alg.init(state.key)))
+    return None if out is None else (logged_tags(out.own), code)
 
 
 @PROPS
 @given(events(), states(with_batch=False))
-def test_empty_chain_is_identity(event, state):
+def test_empty_chain_never_matches_and_has_no_state(event, state):
     empty = chain()
-    assert not empty.match(event, state)
-    assert empty.apply(event, state) is state
+    assert not empty.match(event, state.replace(own=empty.init(state.key)))
+    assert empty.init(state.key) == () and empty.parts == ()
     assert all(getattr(empty, f) is False for f in FLAGS)
+    train = for_algorithms(state, [empty])
+    assert run_event(event, train, [empty]) == (train, ())
 
 
 @PROPS
@@ -50,37 +49,71 @@ def test_chain_is_associative_in_effect(algs, event, state, data):
     left = chain(chain(*a), chain(*b), chain(*c))
     flat = chain(*algs)
     right = chain(*a, chain(*b, *c))
-    assert log_of(left, event, state) == log_of(flat, event, state) == log_of(right, event, state)
+    assert effect(left, event, state) == effect(flat, event, state) == effect(right, event, state)
     for f in FLAGS:
         assert getattr(flat, f) == any(getattr(x, f) for x in algs)
 
 
 @PROPS
-@given(algorithm_lists(max_size=5))
-def test_chain_renames_collisions_on_copies(algs):
+@given(algorithm_lists(max_size=5), events(), states(with_batch=False))
+def test_chain_state_mirrors_its_parts_and_parts_are_not_copied(algs, event, state):
     before = [a.name for a in algs]
     combined = chain(*algs)
-    names = [p.name for p in combined.parts]
-    assert len(set(names)) == len(names)
-    assert [a.name for a in algs] == before  # inputs untouched
-    assert [p.tag for p in combined.parts] == [a.tag for a in algs]
+    assert list(map(id, combined.parts)) == list(map(id, algs))
+    assert combined.init(state.key) == tuple(a.init(state.key) for a in algs)
+    out, _ = apply_if_matched(combined, event, state.replace(own=combined.init(state.key)))
+    if out is not None:  # each part's own entry holds exactly its own log
+        assert out.own == tuple((a.tag,) if a.match(event, state) else () for a in algs)
+    assert [a.name for a in algs] == before  # no renaming
 
 
-def test_chain_reports_the_last_exit_code(state0):
+def test_chain_reports_the_last_exit_code(view0):
     combined = chain(Toy(tag=0, exit_code=1), Toy(tag=1), Toy(tag=2, exit_code=2))
-    state, code = combined.apply(Event.INIT, state0)
-    assert code == 2 and state.algorithm_state[LOG] == (0, 1, 2)
+    out, code = apply_if_matched(combined, Event.INIT, view0.replace(own=combined.init(view0.key)))
+    assert code == 2 and out.own == ((0,), (1,), (2,))
 
 
-def test_named_chain():
-    combined = named_chain(("x", Toy()), y=Toy(name="keep"))
-    assert [p.name for p in combined.parts] == ["x", "y"]
+def test_chain_passes_each_part_its_decision_and_skips_unmatched_parts(view0):
+    combined = chain(Toy(tag=0, events=[Event.INIT]), Toy(tag=1, events=[Event.FIT_END]))
+    state = view0.replace(own=combined.init(view0.key))
+    assert combined.match(Event.INIT, state) == (True, False)
+    assert combined.match(Event.EPOCH_END, state) is False
+    out, _ = apply_if_matched(combined, Event.INIT, state)
+    assert out.own == ((0,), ()) and out.matched == (True, False)
+
+
+def test_named_chain_state_is_a_dict_by_name(view0):
+    combined = named_chain(("x", Toy(tag=0)), y=Toy(tag=1, name="keep"))
+    assert [p.name for p in combined.parts] == ["Toy", "keep"]  # parts keep their own names
+    assert combined.init(view0.key) == {"x": (), "y": ()}
+    out, _ = apply_if_matched(combined, Event.INIT, view0.replace(own=combined.init(view0.key)))
+    assert out.own == {"x": (0,), "y": (1,)}
     with pytest.raises(ValueError, match="unique"):
         named_chain(("x", Toy()), x=Toy())
     with pytest.raises(TypeError, match="pairs"):
         named_chain(Toy())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Algorithm"):
         chain(Toy(), object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        chain(Toy(), name="")
+
+
+def _part_keys(combined, index, view):
+    out, _ = apply_if_matched(combined, Event.INIT, view.replace(own=combined.init(view.key)))
+    own = out.own if isinstance(out.own, tuple) else tuple(out.own.values())
+    return own[index]
+
+
+def test_a_parts_key_does_not_depend_on_its_siblings(view0):
+    probe = KeyLog(name="probe")
+    alone = _part_keys(chain(probe), 0, view0)
+    assert same_keys(_part_keys(chain(Toy(name="other"), probe), 1, view0), alone)
+    assert same_keys(_part_keys(chain(probe, KeyLog(name="B")), 0, view0), alone)
+    # two parts of the same name draw from different streams; the chain's key is not reused
+    twins = _part_keys(chain(probe, probe), 0, view0), _part_keys(chain(probe, probe), 1, view0)
+    assert not same_keys(*twins) and not same_keys(alone, [view0.key])
+    named = _part_keys(named_chain(a=probe, b=probe), 0, view0)
+    assert same_keys(named, _part_keys(named_chain(z=Toy(), a=probe), 1, view0))
 
 
 @PROPS
@@ -88,16 +121,18 @@ def test_named_chain():
 def test_on_events_law(alg, event, state, allowed):
     gated = on_events(alg, allowed)
     assert gated.match(event, state) == (event in allowed and alg.match(event, state))
-    assert gated.name == alg.name
+    assert gated.name == alg.name and gated.parts == (alg,)
     assert all(getattr(gated, f) == getattr(alg, f) for f in FLAGS)
+    assert gated.init(state.key) == alg.init(state.key)  # transparent: same state
 
 
 @PROPS
 @given(algorithm_lists(), events(), states(with_batch=False), st.floats(0, 1))
 def test_never_active_window_never_applies(algs, event, state, point):
     gated = [during(a, point, point) for a in algs]
-    new, traces = run_event(event, state, gated, passes=())
-    assert traces == () and new is state
+    train = for_algorithms(state, gated)
+    new, traces = run_event(event, train, gated, passes=())
+    assert traces == () and new is train
 
 
 @PROPS
@@ -112,7 +147,7 @@ def test_during_law(alg, event, state, x, y):
 @PROPS
 @given(algorithms(), st.integers(1, 7), st.integers(0, 7), st.integers(0, 50))
 def test_every_n_steps_law(alg, n, offset, step):
-    state = STATE0.replace(time=Time(step=step))
+    state = sbfunc.State(sbfunc.random.key(0), time=Time(step=step))
     gated = every_n_steps(alg, n, offset)
     active = step >= offset and (step - offset) % n == 0
     assert gated.match(Event.BATCH_END, state) == (active and alg.match(Event.BATCH_END, state))
@@ -126,7 +161,14 @@ def test_when_law(alg, event, state):
     assert gated.match(event, state) == expected
 
 
-def test_gates_validate_and_can_be_renamed_in_chains():
+def test_gated_parts_apply_as_the_part(view0):
+    toy = Toy(tag=4, exit_code=1)
+    gated = every_n_steps(during(toy, 0, 1), 2)
+    out, code = apply_if_matched(gated, Event.INIT, view0.replace(own=gated.init(view0.key)))
+    assert (out.own, code) == ((4,), 1)
+
+
+def test_gates_validate_and_keep_names_in_chains():
     toy = Toy()
     for bad in (dict(start=-0.1, end=0.5), dict(start=0.5, end=1.5), dict(start=0.6, end=0.5)):
         with pytest.raises(ValueError):
@@ -139,6 +181,9 @@ def test_gates_validate_and_can_be_renamed_in_chains():
         when(toy, 3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Events"):
         on_events(toy, ["init"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="Algorithm"):
+        during(object(), 0, 1)  # type: ignore[arg-type]
     combined = chain(during(toy, 0, 1), during(toy, 0, 1))
-    assert [p.name for p in combined.parts] == ["Toy", "Toy#1"] and toy.name == "Toy"
+    assert [p.name for p in combined.parts] == ["Toy", "Toy"] and toy.name == "Toy"
+    assert combined.init(sbfunc.random.key(0)) == ((), ())
     assert "during" in repr(combined)

@@ -3,11 +3,15 @@
 import warnings
 
 import pytest
+import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sbfunc.engine import Algorithm, Event, run_event
+import sbfunc
+from sbfunc.engine import Algorithm, Event, Time, run_event
 from sbfunc.passes import DEFAULT_PASSES, MultipleLossInterpolationWarning
-from sbfunc.testing import LOG, Toy, algorithm_lists, events, states
+from sbfunc.testing import Toy, algorithm_lists, applied, events, states
+from tests.engine.helpers import KeyLog, for_algorithms, same_keys
 
 PROPS = settings(max_examples=60, derandomize=True, deadline=None, database=None)
 
@@ -27,21 +31,24 @@ class Counting(Toy):
 def run(event, state, algs, passes=DEFAULT_PASSES):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MultipleLossInterpolationWarning)
-        return run_event(event, state, algs, passes)
+        return run_event(event, for_algorithms(state, algs), algs, passes)
 
 
 @PROPS
 @given(algorithm_lists(), events(), states(with_batch=False))
 def test_traces_follow_application_order_and_names_are_unique(algs, event, state):
+    train = for_algorithms(state, algs)
     new, traces = run(event, state, algs)
-    applied = new.algorithm_state.get(LOG, ())
+    order = applied(traces, algs)
     assert [t.order for t in traces] == list(range(len(traces)))
-    assert len(traces) == len(applied) == sum(a.match(event, state) for a in algs)
-    assert len({t.name for t in traces}) == len(traces)
-    by_tag = {a.tag: a for a in algs}
-    assert [t.exit_code for t in traces] == [by_tag[tag].exit_code for tag in applied]
+    assert len(traces) == sum(bool(a.match(event, state)) for a in algs)
+    assert len({t.name for t in traces}) == len(traces) == len(set(order))
+    assert [t.exit_code for t in traces] == [algs[i].exit_code for i in order]
     assert all(t.event is event for t in traces)
-    assert LOG not in state.algorithm_state  # the input state is untouched
+    # the state mirrors the list: each algorithm logged into its own entry only
+    assert new.algorithm_state == tuple((a.tag,) if i in order else () for i, a in enumerate(algs))
+    assert train.algorithm_state == ((),) * len(algs)  # the input state is untouched
+    assert new.time == state.time and new.key is state.key
 
 
 @PROPS
@@ -56,25 +63,28 @@ def test_match_is_called_exactly_once_per_algorithm(algs, event, state):
 @PROPS
 @given(algorithm_lists(), events(), states(with_batch=False))
 def test_application_order_is_the_pass_pipeline_order(algs, event, state):
-    new, _ = run(event, state, algs)
+    _, traces = run(event, state, algs)
     matched = [a for a in algs if a.match(event, state)]
     for p in DEFAULT_PASSES:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             matched = p(matched, event)
-    assert new.algorithm_state.get(LOG, ()) == tuple(a.tag for a in matched)
+    assert applied(traces, algs) == [a.tag for a in matched]  # tags are positions
 
 
-def test_repeated_names_and_objects_get_positional_labels(state0):
+def test_repeated_names_and_objects_get_positional_labels(train0):
     a = Toy(tag=0)
     algs = [a, Toy(tag=1), a]
-    _, traces = run_event(Event.BATCH_END, state0, algs)
+    state = for_algorithms(train0, algs)
+    new, traces = run_event(Event.BATCH_END, state, algs)
     assert [t.name for t in traces] == ["Toy", "Toy#1", "Toy#2"]
-    _, traces = run_event(Event.AFTER_LOSS, state0, algs)  # reversed by FILO
+    assert new.algorithm_state == ((0,), (1,), (0,))  # one entry per position, not per object
+    _, traces = run_event(Event.AFTER_LOSS, state, algs)  # reversed by FILO
     assert sorted(t.name for t in traces) == ["Toy", "Toy#1", "Toy#2"]
+    assert applied(traces, algs)[1] == 1  # passes see objects: the two a's are alike to them
 
 
-def test_passes_see_only_matched_algorithms_and_none_when_nothing_matched(state0):
+def test_passes_see_only_matched_algorithms_and_none_when_nothing_matched(train0):
     seen = []
 
     def spy(algorithms, event):
@@ -82,14 +92,21 @@ def test_passes_see_only_matched_algorithms_and_none_when_nothing_matched(state0
         return list(algorithms)
 
     algs = [Toy(tag=0, events=[Event.INIT]), Toy(tag=1, events=[Event.FIT_END])]
-    run_event(Event.INIT, state0, algs, (spy,))
-    run_event(Event.BATCH_END, state0, algs, (spy,))
+    state = for_algorithms(train0, algs)
+    run_event(Event.INIT, state, algs, (spy,))
+    run_event(Event.BATCH_END, state, algs, (spy,))
     assert seen == [[0]]
 
 
-def test_validation(state0):
+def test_a_pass_may_only_reorder(train0):
+    algs = [Toy(tag=0, events=[Event.INIT]), Toy(tag=1, events=[Event.FIT_END])]
+    with pytest.raises(ValueError, match="passes may only reorder"):
+        run_event(Event.INIT, for_algorithms(train0, algs), algs, (lambda a, e: [algs[1]],))
+
+
+def test_validation(train0):
     with pytest.raises(TypeError, match="event"):
-        run_event("init", state0, [])  # type: ignore[arg-type]
+        run_event("init", train0, [])  # type: ignore[arg-type]
 
     class Bad(Algorithm):
         def match(self, event, state):
@@ -99,12 +116,58 @@ def test_validation(state0):
             return 3
 
     with pytest.raises(TypeError, match=r"Bad\.apply"):
-        run_event(Event.INIT, state0, [Bad()])
+        run_event(Event.INIT, for_algorithms(train0, [Bad()]), [Bad()])
+    with pytest.raises(ValueError, match="algorithm_state has 0 entries for 1 algorithms"):
+        run_event(Event.INIT, train0, [Toy()])
 
 
-def test_selective_backprop_runs_first_on_after_dataloader(state0):
+def test_selective_backprop_runs_first_on_after_dataloader(train0):
     algs = [Toy(tag=0, name="CutOut"), Toy(tag=1, name="ProgressiveResizing")]
     algs.append(Toy(tag=2, name="SelectiveBackprop", selects_samples=True))
-    new, traces = run_event(Event.AFTER_DATALOADER, state0, algs)
+    new, traces = run_event(Event.AFTER_DATALOADER, for_algorithms(train0, algs), algs)
     assert [t.name for t in traces] == ["SelectiveBackprop", "ProgressiveResizing", "CutOut"]
-    assert new.algorithm_state[LOG] == (2, 1, 0)
+    assert new.algorithm_state == ((0,), (1,), (2,))
+
+
+def _key_of(algs, index, event=Event.BATCH_END, step=0):
+    state = for_algorithms(sbfunc.TrainState({}, {}, sbfunc.random.key(3)), algs)
+    new, _ = run_event(event, state.replace(time=Time(step=step)), algs)
+    return new.algorithm_state[index]
+
+
+def test_an_algorithms_key_depends_on_its_name_rank_step_and_event_only():
+    probe = KeyLog(name="probe")
+    alone = _key_of([probe], 0)
+    assert len(alone) == 1
+    assert same_keys(_key_of([Toy(name="x"), probe], 1), alone)  # adding another algorithm
+    assert same_keys(_key_of([probe, KeyLog(name="y")], 0), alone)  # ... after it
+    assert same_keys(_key_of([Toy(), probe, Toy()], 1), alone)
+    assert not same_keys(_key_of([probe, probe], 1), alone)  # the second "probe" has rank 1
+    assert same_keys(_key_of([Toy(), probe, probe], 2), _key_of([probe, probe], 1))
+    assert not same_keys(_key_of([probe], 0, step=1), alone)
+    assert not same_keys(_key_of([probe], 0, event=Event.EPOCH_END), alone)
+    assert not same_keys(alone, [sbfunc.random.key(3)])  # never the root key itself
+
+
+class ScratchProbe(Algorithm):
+    """Logs the scratch it starts each application with, then leaves some behind."""
+
+    def init(self, key):
+        return ()
+
+    def match(self, event, state):
+        return True
+
+    def apply(self, event, state):
+        return state.replace(own=(*state.own, state.scratch), scratch=torch.ones(1))
+
+
+@PROPS
+@given(st.lists(events(), min_size=1, max_size=4), states(with_batch=False))
+def test_scratch_is_none_at_every_event_outside_the_step(evts, state):
+    algs = [ScratchProbe(), ScratchProbe()]
+    train = for_algorithms(state, algs)
+    for event in evts:
+        train, _ = run_event(event, train, algs)
+    assert train.algorithm_state == ((None,) * len(evts),) * 2
+    assert "scratch" not in sbfunc.TrainState._fields

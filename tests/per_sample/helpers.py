@@ -82,3 +82,28 @@ def setup(name):
 
 
 NAMES = [name for name, _, _ in models()]
+
+
+class Recurrent(nn.Module):
+    """A recurrent layer on ``[N, T, F]`` inputs (transposed for ``batch_first=False``) and a
+    Linear head on the last step."""
+
+    def __init__(self, cell: type[nn.RNNBase], batch_first: bool) -> None:
+        super().__init__()
+        self.rnn = cell(3, 4, num_layers=2, batch_first=batch_first)
+        self.head = nn.Linear(4, 2)
+        self.batch_first = batch_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.rnn(x if self.batch_first else x.transpose(0, 1))[0]
+        return self.head(h[:, -1] if self.batch_first else h[-1])
+
+
+def recurrent(cell, batch_first, dtype, n=5):
+    """``(loss_fn, params, buffers, batch)`` for a seeded :class:`Recurrent` model."""
+    torch.manual_seed(0)
+    model = Recurrent(cell, batch_first).to(dtype)
+    batch = (torch.randn(n, 6, 3, dtype=dtype), torch.randint(0, 2, (n,)))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    params, buffers = sbfunc.split_module(model)
+    return loss_fn, params, buffers, batch

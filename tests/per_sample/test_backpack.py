@@ -73,3 +73,42 @@ def test_matches_backpack_up_to_the_mean_reduction_scale(name, groups):
             torch.testing.assert_close(norms[k] / n**2, l2)
         torch.testing.assert_close(sgs[k] / n**2, bp_sgs)
         torch.testing.assert_close(var[k] / n**2, bp_var)
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(3, 4, batch_first=True)
+        self.flat = nn.Flatten()
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.flat(self.rnn(x)[0]))
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+@pytest.mark.filterwarnings("ignore::sbfunc.per_sample.VmapFallbackWarning")
+@pytest.mark.parametrize("cell", [nn.RNN, nn.LSTM])
+def test_recurrent_grads_match_backpack(cell):
+    """BackPACK 1.7.1 extends ``nn.RNN`` and ``nn.LSTM`` (``batch_first=True`` via its module
+    converter; it has no ``nn.GRU`` extension), where torch's ``vmap`` fails (RNN; LSTM in
+    float64): our fallback loop must agree with it."""
+    torch.manual_seed(0)
+    model = _Recurrent(cell).double()
+    ours = copy.deepcopy(model)
+    n = 5
+    x = torch.randn(n, 2, 3, dtype=torch.float64)
+    y = torch.randint(0, 2, (n,))
+    bp_model = backpack.extend(model, use_converter=True)
+    loss = backpack.extend(nn.CrossEntropyLoss())(bp_model(x), y)
+    with backpack.backpack(extensions.BatchGrad()):
+        loss.backward()
+    bp = {
+        k.removeprefix("_original_module."): p.grad_batch for k, p in bp_model.named_parameters()
+    }
+    loss_fn = sbfunc.per_sample_loss(ours, F.cross_entropy)
+    params, buffers = sbfunc.split_module(ours)
+    grads = batch_grad(loss_fn)(params, buffers, (x, y))
+    assert set(grads) == set(bp)
+    for k in params:
+        torch.testing.assert_close(grads[k] / n, bp[k], msg=k)

@@ -2,7 +2,14 @@ import pytest
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import apply_policy, infobatch, needs_scoring, stale_sb, stale_scores
+from sbfunc.policies import (
+    apply_policy,
+    infobatch,
+    jiang_cdf,
+    needs_scoring,
+    score_needed,
+    stale_sb,
+)
 
 
 def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():
@@ -21,23 +28,43 @@ def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():
         apply_policy(policy, out.state, batch, torch.rand(8), key=sbrandom.key(0))
 
 
-def test_stale_scores_forwards_only_rows_that_need_it():
-    policy = stale_sb(1.0, num_ids=6, max_age=2)
-    batch, ids = torch.arange(4.0), torch.tensor([0, 1, 2, 3])
-    calls = []
-
+def _recording(calls):
     def score_fn(rows):
         calls.append(rows.shape[0])
         return rows * 10
 
+    return score_fn
+
+
+def test_score_needed_forwards_only_rows_that_need_it():
+    policy = stale_sb(1.0, num_ids=6, max_age=2)
+    assert policy.score_rows is needs_scoring
+    batch, ids = torch.arange(4.0), torch.tensor([0, 1, 2, 3])
+    calls = []
+    score_fn = _recording(calls)
     state = policy.init()
-    scores, forwarded = stale_scores(state, batch, ids, 0, score_fn)
+    scores, forwarded = score_needed(policy, state, batch, ids, 0, score_fn)
     assert forwarded == 4 and scores.tolist() == [0.0, 10.0, 20.0, 30.0]
     _, state = policy.select(scores, state, key=sbrandom.key(0), ids=ids, epoch=0)
     ids2 = torch.tensor([1, 4, 3, 5])
-    scores, forwarded = stale_scores(state, batch, ids2, 1, score_fn)
+    scores, forwarded = score_needed(policy, state, batch, ids2, 1, score_fn)
     assert forwarded == 2 and calls == [4, 2]
     assert torch.isnan(scores[[0, 2]]).all() and scores[[1, 3]].tolist() == [10.0, 30.0]
     assert needs_scoring(state, ids2, 1).tolist() == [False, True, False, True]
-    scores, forwarded = stale_scores(state, batch[:2], ids[:2], 1, score_fn)
+    scores, forwarded = score_needed(policy, state, batch[:2], ids[:2], 1, score_fn)
     assert forwarded == 0 and calls == [4, 2] and torch.isnan(scores).all()
+    # the epoch may come as a 0-d tensor (what a compiled step passes)
+    scores, forwarded = score_needed(policy, state, batch, ids2, torch.tensor(1), score_fn)
+    assert forwarded == 2 and scores[[1, 3]].tolist() == [10.0, 30.0]
+    with pytest.raises(ValueError, match="needs sample ids"):
+        score_needed(policy, state, batch, None, 1, score_fn)
+
+
+def test_score_needed_scores_every_row_for_policies_that_read_them_all():
+    policy = jiang_cdf(1.0)
+    assert policy.score_rows is None
+    calls = []
+    scores, forwarded = score_needed(
+        policy, policy.init(), torch.arange(3.0), None, 5, _recording(calls)
+    )
+    assert forwarded == 3 and calls == [3] and scores.tolist() == [0.0, 10.0, 20.0]

@@ -11,7 +11,7 @@ from tests.policies.helpers import assert_mean_close, draws, weighted_means
 keeps = st.sampled_from([0.1, 0.25, 0.5, 0.9, 1.0])
 
 
-@settings(max_examples=30, deadline=None, derandomize=True)
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 50), keep=keeps, seed=st.integers(0, 999))
 def test_fixed_count_policies_keep_exactly_kept_count(n, keep, seed):
     scores = sbrandom.uniform(sbrandom.key(seed), (n,))
@@ -22,7 +22,7 @@ def test_fixed_count_policies_keep_exactly_kept_count(n, keep, seed):
         assert sel.weights is None and state == policy.init()
 
 
-@settings(max_examples=20, deadline=None, derandomize=True)
+@settings(max_examples=20, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 30), keep=keeps, seed=st.integers(0, 999))
 def test_policies_agree_with_the_select_functions(n, keep, seed):
     scores, key = sbrandom.uniform(sbrandom.key(seed), (n,)), sbrandom.key(seed + 1)

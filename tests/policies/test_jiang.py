@@ -7,7 +7,7 @@ from sbfunc.policies import jiang_cdf, needs_scoring, stale_sb
 from tests.policies.helpers import assert_mean_close, draws, kept_counts, weighted_means
 
 
-@settings(max_examples=12, deadline=None, derandomize=True)
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
 @given(
     n=st.integers(2, 40),
     beta=st.sampled_from([0.5, 1.0, 2.0, 3.0]),
@@ -82,7 +82,7 @@ def test_stale_rows_use_their_cached_loss_and_ignore_scores():
     assert s1.table.epoch[ids].tolist() == [0, 0, 0, 0]  # cached entries keep their epoch
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
+@settings(max_examples=10, deadline=None, derandomize=True, database=None)
 @given(seed=st.integers(0, 999), beta=st.sampled_from([1.0, 2.0]))
 def test_stale_sb_with_max_age_one_is_plain_jiang(seed, beta):
     stale, plain = stale_sb(beta, num_ids=32, max_age=1, history=24), jiang_cdf(beta, 24)

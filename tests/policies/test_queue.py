@@ -16,7 +16,7 @@ def make_batch(ids):
     return {"id": ids, "x": Pair(ids.float()[:, None].repeat(1, 3), "tag"), "y": ids % 7}
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(
     b=st.integers(1, 9),
     masks=st.lists(st.lists(st.booleans(), min_size=1, max_size=12), min_size=1, max_size=10),

@@ -50,19 +50,23 @@ batches = st.integers(1, 24).flatmap(
 )
 
 
-def run(policy: Policy, steps, seed: int):
-    """Apply the policy over a few batches; returns the selections and the states."""
+def run(policy: Policy, steps, seed: int, as_tensors: bool = False):
+    """Apply the policy over a few batches; returns the selections and the states. With
+    ``as_tensors`` the epoch and elapsed time come as 0-d tensors (as inside a step)."""
     state, out = policy.init(), []
     for t, (losses, ids) in enumerate(steps):
         scores, id_t = torch.tensor(losses), torch.tensor(ids)
         before = (scores.clone(), id_t.clone())
+        epoch, elapsed = t // 2, t / len(steps)
+        if as_tensors:
+            epoch, elapsed = torch.tensor(epoch), torch.tensor(elapsed, dtype=torch.float32)
         sel, state = policy.select(
             scores,
             state,
             key=sbrandom.fold_in(sbrandom.key(seed), t),
             ids=id_t,
-            epoch=t // 2,
-            elapsed=t / len(steps),
+            epoch=epoch,
+            elapsed=elapsed,
         )
         assert torch.equal(scores, before[0]) and torch.equal(id_t, before[1])  # no mutation
         out.append((sel, state))
@@ -70,7 +74,7 @@ def run(policy: Policy, steps, seed: int):
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(steps=st.lists(batches, min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_selection_is_valid_and_deterministic_per_key(name, steps, seed):
     policy = POLICIES[name]()
@@ -87,6 +91,23 @@ def test_selection_is_valid_and_deterministic_per_key(name, steps, seed):
         assert (sel.weights is None) == (sel2.weights is None)
         if sel.weights is not None:
             assert torch.equal(sel.weights, sel2.weights)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@settings(max_examples=8, deadline=None, derandomize=True, database=None)
+@given(steps=st.lists(batches, min_size=1, max_size=4), seed=st.integers(0, 2**16))
+def test_epoch_and_elapsed_as_tensors_select_like_python_numbers(name, steps, seed):
+    policy = POLICIES[name]()
+    numbers, tensors = run(policy, steps, seed), run(policy, steps, seed, as_tensors=True)
+    for (sel, state), (sel_t, state_t) in zip(numbers, tensors, strict=True):
+        assert torch.equal(sel.indices, sel_t.indices)
+        assert (sel.weights is None) == (sel_t.weights is None)
+        if sel.weights is not None:
+            assert torch.equal(sel.weights, sel_t.weights)
+        a, b = checkpoint.to_state_dict(state), checkpoint.to_state_dict(state_t)
+        assert a["structure"] == b["structure"]
+        for x, y in zip(a["leaves"], b["leaves"], strict=True):
+            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

@@ -16,7 +16,7 @@ floats = st.floats(-100, 100, allow_nan=False, width=32)
 pushes = st.lists(st.lists(floats, min_size=0, max_size=12), min_size=1, max_size=6)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(size=st.integers(1, 10), batches=pushes, queries=st.lists(floats, min_size=1, max_size=5))
 def test_ring_buffer_matches_a_list_of_the_most_recent(size, batches, queries):
     history, everything = history_init(size), []
@@ -34,7 +34,7 @@ def test_ring_buffer_matches_a_list_of_the_most_recent(size, batches, queries):
         assert abs(c - want) < 1e-6
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(
     updates=st.lists(
         st.lists(

@@ -15,7 +15,7 @@ scores_st = st.lists(
 )
 keep_st = st.floats(0.01, 1.0)
 seed_st = st.integers(0, 2**32)
-common = settings(max_examples=60, deadline=None, derandomize=True)
+common = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 
 
 @common
@@ -59,6 +59,13 @@ def test_rank_only_rules_invariant_under_increasing_transforms(scores, keep, see
 def test_kept_count_exact_decimal(n, percent):
     keep = percent / 100
     assert sbfunc.kept_count(n, keep) == max(1, (n * percent) // 100)
+
+
+@common
+@given(st.integers(1, 10_000), st.integers(1, 1000))
+def test_kept_count_exact_three_digit_decimal(n, permille):
+    keep = permille / 1000
+    assert sbfunc.kept_count(n, keep) == max(1, (n * permille) // 1000)
 
 
 def test_kept_count_examples():
@@ -153,3 +160,34 @@ def test_no_global_rng_use():
     torch.manual_seed(0)
     sbfunc.rank_power(torch.arange(32.0), 0.5, key=sbrandom.key(3))
     assert torch.equal(torch.rand(2), expected)
+
+
+noise_st = st.integers(1, 40).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.sampled_from([0.0, 1.0, 2.0, -3.5, 7.25]), min_size=n, max_size=n),
+        st.lists(st.integers(0, 2**32 - 1), min_size=n, max_size=n),
+        st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=n, max_size=n),
+    )
+)
+
+
+@common
+@given(noise_st, keep_st)
+def test_rank_power_indices_is_a_function_of_its_noise(noise, keep):
+    scores, tie, u = torch.tensor(noise[0]), torch.tensor(noise[1]), torch.tensor(noise[2])
+    idx = sbfunc.select.rank_power_indices(scores, keep, tie, u)
+    assert torch.equal(idx, sbfunc.select.rank_power_indices(scores, keep, tie, u))
+    assert idx.numel() == sbfunc.kept_count(len(scores), keep)
+    assert idx.dtype == torch.int64 and bool((idx[1:] > idx[:-1]).all())
+    # with equal uniforms the Gumbel noise is flat: the kept rows are the top-ranked ones
+    flat = sbfunc.select.rank_power_indices(scores, keep, tie, torch.full_like(u, 0.5))
+    order = sbfunc.select.ascending_order(scores, tie)
+    assert torch.equal(flat, torch.sort(order[len(scores) - idx.numel() :]).values)
+
+
+def test_rank_power_indices_breaks_ties_by_the_given_noise():
+    scores, u = torch.zeros(4), torch.full((4,), 0.5)
+    for winner in range(4):
+        tie = torch.zeros(4, dtype=torch.int64)
+        tie[winner] = 7  # the largest noise ranks highest among equal scores
+        assert sbfunc.select.rank_power_indices(scores, 0.25, tie, u).tolist() == [winner]

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchopt
 from torch import nn
 
 import sbfunc
@@ -21,7 +20,7 @@ from sbfunc import random as sbrandom
 EPOCHS, BATCH, N = 3, 16, 96
 
 
-def build() -> tuple[sbfunc.TrainStep, sbfunc.State, Any]:
+def build() -> tuple[sbfunc.TrainStep, sbfunc.TrainState, Any]:
     """The step (SB with a stateful policy, CutOut, LabelSmoothing, BatchNorm, Adam), a fresh
     state and the per-epoch data."""
     torch.manual_seed(0)
@@ -41,12 +40,9 @@ def build() -> tuple[sbfunc.TrainStep, sbfunc.State, Any]:
         sbfunc.CutOut(length=0.25),
         sbfunc.LabelSmoothing(0.1, num_classes=3),
     ]
-    opt = torchopt.adam(1e-2)
-    step = sbfunc.make_train_step(loss_fn, opt, algorithms)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-2), algorithms)
     key = sbrandom.key(7)
-    state = sbfunc.init_state(
-        params, buffers, key=key, opt_state=opt.init(params), algorithms=algorithms
-    )
+    state = step.init(params, buffers, key=key)
     x = sbrandom.uniform(sbrandom.fold_in(key, 1), (N, 1, 8))
     y = (x[:, 0, :4].sum(1) > x[:, 0, 4:].sum(1)).long() + (x[:, 0, 0] > 0.5).long()
 
@@ -56,7 +52,9 @@ def build() -> tuple[sbfunc.TrainStep, sbfunc.State, Any]:
     return step, state, data
 
 
-def run(state: sbfunc.State | None = None, stop_after: int | None = None) -> sbfunc.State:
+def run(
+    state: sbfunc.TrainState | None = None, stop_after: int | None = None
+) -> sbfunc.TrainState:
     step, fresh, data = build()
     result = sbfunc.fit(
         step,
@@ -70,7 +68,7 @@ def run(state: sbfunc.State | None = None, stop_after: int | None = None) -> sbf
     return result.state
 
 
-def template() -> sbfunc.State:
+def template() -> sbfunc.TrainState:
     return build()[1]
 
 

@@ -1,7 +1,6 @@
 import pytest
 import torch
 import torch.nn.functional as F
-import torchopt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,77 +12,98 @@ EPOCH_EVENTS = (E.INIT, E.FIT_START, E.EPOCH_START, E.EPOCH_END, E.FIT_END, E.BA
 
 
 class Recorder(sbfunc.Algorithm):
-    def __init__(self):
-        self.seen = []
+    """Logs ``(event, epoch, elapsed)`` in its own state."""
+
+    def init(self, key):
+        return ()
 
     def match(self, event, state):
         return event in EPOCH_EVENTS
 
     def apply(self, event, state):
-        self.seen.append((event, state.time.epoch, state.time.elapsed))
-        return state
+        t = state.time
+        return state.replace(own=(*state.own, (event, t.epoch, t.elapsed)))
 
 
 def _setup(algorithms=()):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     params, buffers = sbfunc.split_module(model, clone=True)
-    opt = torchopt.sgd(0.1)
-    step = sbfunc.make_train_step(sbfunc.per_sample_loss(model, F.cross_entropy), opt, algorithms)
-    state = sbfunc.init_state(params, buffers, key=sbrandom.key(0), opt_state=opt.init(params))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms)
+    state = step.init(params, buffers, key=sbrandom.key(0))
     data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
     return step, state, data
 
 
+def _log(state):
+    ((*log,),) = state.algorithm_state
+    return log
+
+
 def test_epoch_events_and_elapsed():
-    rec = Recorder()
-    step, state, data = _setup([rec])
+    step, state, data = _setup([Recorder()])
     result = sbfunc.fit(step, state, data, epochs=2, progress=False)
-    kinds = [e for e, _, _ in rec.seen]
+    seen = _log(result.state)
+    kinds = [e for e, _, _ in seen]
     assert kinds == [
         E.INIT, E.FIT_START,
         E.EPOCH_START, E.BATCH_START, E.BATCH_START, E.BATCH_START, E.EPOCH_END,
         E.EPOCH_START, E.BATCH_START, E.BATCH_START, E.BATCH_START, E.EPOCH_END,
         E.FIT_END,
     ]  # fmt: skip
-    elapsed = [el for e, _, el in rec.seen if e == E.BATCH_START]
+    elapsed = [el for e, _, el in seen if e == E.BATCH_START]
     assert elapsed == [i / 6 for i in range(6)]
-    assert rec.seen[-1][2] == 1.0 and rec.seen[-2][1] == 1  # FIT_END at 1; 2nd EPOCH_END
+    assert seen[-1][2] == 1.0 and seen[-2][1] == 1  # FIT_END at 1; 2nd EPOCH_END
     t = result.state.time
     assert (t.step, t.epoch, t.batch_in_epoch) == (6, 2, 0)
     assert t.samples_forwarded == t.samples_backpropagated == 24
     assert len(result.history) == 6
+    assert [m.samples_in_batch for m in result.history] == [4] * 6
+
+
+def test_history_can_be_turned_off():
+    step, state, data = _setup()
+    result = sbfunc.fit(step, state, data, epochs=1, progress=False, history=False)
+    assert result.history == [] and result.state.time.step == 3
+    with pytest.raises(TypeError, match="history"):
+        sbfunc.fit(step, state, data, epochs=1, progress=False, history=1)
 
 
 def test_steps_duration_ends_mid_epoch():
-    rec = Recorder()
-    step, state, data = _setup([rec])
+    step, state, data = _setup([Recorder()])
     result = sbfunc.fit(step, state, data, steps=4, progress=False)
     t = result.state.time
     assert (t.step, t.epoch, t.batch_in_epoch) == (4, 1, 1)
-    assert [e for e, _, _ in rec.seen].count(E.EPOCH_END) == 1
+    assert [e for e, _, _ in _log(result.state)].count(E.EPOCH_END) == 1
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(st.integers(1, 8))
 def test_stop_and_resume_equals_one_run(stop):
-    step, state, data = _setup()
+    step, state, data = _setup([Recorder()])
     whole = sbfunc.fit(step, state, data, epochs=3, progress=False).state
     part = sbfunc.fit(step, state, data, epochs=3, progress=False, stop_after=stop).state
     assert part.time.step == stop and part.time.elapsed < 1.0
     done = sbfunc.fit(step, part, data, epochs=3, progress=False).state
-    assert done.time == whole.time
+    assert done.time._replace(updates_skipped=None) == whole.time._replace(updates_skipped=None)
+    assert int(done.time.updates_skipped) == int(whole.time.updates_skipped) == 0
     assert all(torch.equal(done.params[k], whole.params[k]) for k in whole.params)
+    # the resumed run fires FIT_START again, but every other event exactly once
+    without_fit_start = [x for x in _log(done) if x[0] != E.FIT_START]
+    assert without_fit_start == [x for x in _log(whole) if x[0] != E.FIT_START]
 
 
-def test_init_fires_only_on_a_fresh_state():
-    rec = Recorder()
-    step, state, data = _setup([rec])
+def test_fit_never_fires_init():
+    step, state, data = _setup([Recorder()])
+    assert [e for e, _, _ in _log(state)] == [E.INIT]  # step.init fired it
     part = sbfunc.fit(step, state, data, epochs=2, progress=False, stop_after=2).state
-    rec.seen.clear()
-    sbfunc.fit(step, part, data, epochs=2, progress=False)
-    kinds = [e for e, _, _ in rec.seen]
-    assert E.INIT not in kinds and kinds[:2] == [E.FIT_START, E.BATCH_START]
+    done = sbfunc.fit(step, part, data, epochs=2, progress=False).state
+    kinds = [e for e, _, _ in _log(done)]
+    assert kinds.count(E.INIT) == 1 and kinds[len(_log(part)) :][:2] == [
+        E.FIT_START,
+        E.BATCH_START,
+    ]
 
 
 def test_data_as_function_of_epoch_and_progress_bar(capsys):
@@ -138,13 +158,11 @@ def test_fit_counts_loader_batches_when_refill_skips_updates():
         0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=sbfunc.policies.top_k_policy(0.5),
         refill=data[0],
     )  # fmt: skip
-    opt = torchopt.sgd(0.1)
-    step = sbfunc.make_train_step(loss_fn, opt, [sb])
-    state = sbfunc.init_state(
-        params, buffers, key=sbrandom.key(0), opt_state=opt.init(params), algorithms=[sb]
-    )
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
+    state = step.init(params, buffers, key=sbrandom.key(0))
     result = sbfunc.fit(step, state, data, epochs=2, progress=False)
     t = result.state.time
     assert (t.step, t.epoch) == (6, 2)  # every loader batch counts, updated or not
     assert [m.samples_backpropagated for m in result.history] == [0, 4] * 3
     assert t.samples_backpropagated == 12 and t.samples_forwarded == 24 + 12
+    assert int(t.updates_skipped) == 3  # the three steps that only queued rows

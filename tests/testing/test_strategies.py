@@ -1,10 +1,22 @@
-"""sbfunc.testing strategies draw valid, varied values."""
+"""sbfunc.testing strategies draw valid, varied values; Toy and applied behave as documented."""
 
+import pytest
 from hypothesis import given, settings
 
 import sbfunc
-from sbfunc.engine import FLAGS, Algorithm, Event, State
-from sbfunc.testing import algorithm_lists, algorithms, events, pytree_batches, states
+from sbfunc.engine import FLAGS, Algorithm, Event, State, TrainState, run_event
+from sbfunc.testing import (
+    CLASSES,
+    Toy,
+    algorithm_lists,
+    algorithms,
+    applied,
+    events,
+    linear_loss,
+    pytree_batches,
+    states,
+    train_states,
+)
 
 PROPS = settings(max_examples=30, derandomize=True, deadline=None, database=None)
 
@@ -18,3 +30,38 @@ def test_strategies_draw_valid_values(event, alg, algs, batch, state):
     assert sbfunc.batch_size(batch) >= 1
     assert isinstance(state, State) and sbfunc.random.is_key(state.key)
     assert 0.0 <= state.time.elapsed <= 1.0
+    assert state.own == () and state.scratch is None and state.matched is True
+
+
+@PROPS
+@given(states())
+def test_drawn_params_and_batches_fit_the_linear_loss(state):
+    n = sbfunc.batch_size(state.batch)
+    losses = linear_loss(state.params, state.buffers, state.batch)
+    assert losses.shape == (n,) and bool((losses >= 0).all())
+    assert state.params["weight"].shape[0] == state.params["bias"].shape[0] == CLASSES
+
+
+@PROPS
+@given(train_states(num_algorithms=3))
+def test_train_states_have_one_empty_entry_per_algorithm(state):
+    assert isinstance(state, TrainState) and state.algorithm_state == ((), (), ())
+    assert state.time.updates_skipped is not None and sbfunc.random.is_key(state.key)
+
+
+@PROPS
+@given(algorithm_lists(max_size=6), events())
+def test_applied_reads_positions_from_traces(algs, event):
+    state = TrainState({}, {}, sbfunc.random.key(0), algorithm_state=((),) * len(algs))
+    new, traces = run_event(event, state, algs, passes=())  # no passes: list order
+    order = applied(traces, algs)
+    assert order == [i for i, a in enumerate(algs) if a.match(event, None)]
+    assert all(new.algorithm_state[i] == (algs[i].tag,) for i in order)
+
+
+def test_toy_validates_its_events():
+    with pytest.raises(TypeError, match="events"):
+        Toy(events=["init"])
+    assert repr(Toy(tag=1, name="x", selects_samples=True)) == (
+        "Toy(tag=1, name='x', selects_samples)"
+    )

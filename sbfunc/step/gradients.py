@@ -1,0 +1,186 @@
+"""Differentiation for the training step: one objective, the fastest transform for each mode.
+
+Eagerly, :func:`differentiate` runs the objective on detached leaves that require grad and
+calls ``torch.autograd.grad``: the same forward and backward as a plain PyTorch loop, without
+torch.func's per-operation overhead. While ``torch.compile`` traces the step it uses
+``torch.func.grad_and_value`` (the transform the compiler supports; ``torch.autograd.grad``
+breaks the graph). Both compute the same gradients with the same formulas; neither mutates
+its inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import optree
+import torch
+import torch.utils._pytree as torch_pytree
+from torch.func import grad_and_value
+
+__all__ = [
+    "all_finite",
+    "differentiate",
+    "fresh_buffers",
+    "keep_if_finite",
+    "tracing",
+    "weighted_mean",
+]
+
+Params = dict[str, torch.Tensor]
+
+
+def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``mean(weights * losses)`` over the rows (plain mean without weights).
+
+    Selection policies return importance weights normalised for this estimator: the weighted
+    mean over the kept rows estimates the mean loss over the whole batch.
+
+    Example:
+        >>> sbfunc.weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
+        tensor(1.)
+
+    References:
+        Horvitz and Thompson 1952 (inverse-probability weights); Katharopoulos and Fleuret
+        2018, "Not All Samples Are Created Equal" (unbiased importance-sampled SGD).
+    """
+    if weights is None:
+        return losses.mean()
+    if weights.shape != losses.shape:
+        raise ValueError(
+            f"sample_weights of shape {tuple(weights.shape)} do not match the per-sample losses "
+            f"of shape {tuple(losses.shape)}; a selection must weight exactly its kept rows"
+        )
+    return (weights.to(losses.dtype) * losses).mean()
+
+
+def fresh_buffers(buffers: Params) -> Params:
+    """Copies of the buffers for one forward: train-mode BatchNorm writes its running
+    statistics into the buffers it is given, and the caller's must never change."""
+    return {k: v.clone() for k, v in buffers.items()} if buffers else buffers
+
+
+class _Static:
+    """A pytree node without children whose context is the non-tensor part of an aux value:
+    ``torch.func`` accepts only tensor leaves in ``has_aux`` outputs."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+torch_pytree.register_pytree_node(
+    _Static,
+    lambda s: ([], s.value),
+    lambda _, ctx: _Static(ctx),
+    serialized_type_name="sbfunc._Static",
+)
+_TENSOR = object()  # marks a tensor's place among the static leaves
+
+
+def _split(tree: Any) -> tuple[tuple[torch.Tensor, ...], _Static]:
+    leaves, spec = optree.tree_flatten(tree, none_is_leaf=True)
+    tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
+    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
+    return tensors, _Static((spec, static))
+
+
+def _join(tensors: tuple[torch.Tensor, ...], static: _Static) -> Any:
+    spec, leaves = static.value
+    it = iter(tensors)
+    return optree.tree_unflatten(spec, [next(it) if x is _TENSOR else x for x in leaves])
+
+
+def tracing() -> bool:
+    """Whether a compiler or a torch.func transform is tracing the current code."""
+    return (
+        torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+    )
+
+
+def differentiate(
+    objective: Callable[[Params], tuple[torch.Tensor, Any]], params: Params
+) -> tuple[Params, torch.Tensor, Any]:
+    """Gradients of ``objective(params) -> (loss, aux)`` w.r.t. every entry of ``params``.
+
+    Args:
+        objective: a pure function of the parameter dict returning a 0-d loss and any
+            auxiliary pytree (returned detached).
+        params: the parameters (never mutated; their ``requires_grad`` is not touched).
+
+    Returns:
+        ``(grads, loss, aux)``: a dict like ``params`` (zeros for unused entries), the detached
+        loss and the detached aux.
+
+    Example:
+        >>> from sbfunc.step.gradients import differentiate
+        >>> grads, loss, aux = differentiate(lambda p: ((p["w"] ** 2).sum(), p["w"] * 2),
+        ...                                  {"w": torch.tensor([1.0, -2.0])})
+        >>> grads["w"], loss, aux
+        (tensor([ 2., -4.]), tensor(5.), tensor([ 2., -4.]))
+
+    References:
+        PyTorch ``torch.autograd.grad``; ``torch.func.grad_and_value`` and the torch.compile
+        FAQ (function transforms under the compiler).
+    """
+    if tracing():
+
+        def tensors_only(p: Params) -> tuple[torch.Tensor, Any]:
+            loss, aux = objective(p)
+            return loss, _split(aux)
+
+        grads, (loss, parts) = grad_and_value(tensors_only, has_aux=True)(params)
+        return grads, loss, _join(*parts)
+    leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+    loss, aux = objective(leaves)
+    raw = torch.autograd.grad(loss, tuple(leaves.values()), allow_unused=True)
+    grads = {
+        k: torch.zeros_like(v) if g is None else g
+        for (k, v), g in zip(leaves.items(), raw, strict=True)
+    }
+    aux = optree.tree_map(
+        lambda x: x.detach() if isinstance(x, torch.Tensor) else x, aux, none_is_leaf=True
+    )
+    return grads, loss.detach(), aux
+
+
+def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
+    """``new`` where ``finite`` holds, else ``old``, leaf by leaf over matching pytrees.
+
+    Non-tensor leaves come from ``new``. This is how a non-finite update never reaches the
+    parameters without a host sync (cf. optax ``apply_if_finite``).
+
+    Example:
+        >>> from sbfunc.step.gradients import keep_if_finite
+        >>> keep_if_finite(torch.tensor(False), {"w": torch.ones(2)}, {"w": torch.zeros(2)})
+        {'w': tensor([0., 0.])}
+
+    References:
+        optax ``apply_if_finite``.
+    """
+
+    def pick(n: Any, o: Any) -> Any:
+        if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
+            return torch.where(finite, n, o)
+        return n
+
+    return optree.tree_map(pick, new, old, none_is_leaf=True)
+
+
+def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
+    """A 0-d bool tensor: the loss and every gradient entry are finite (no sync).
+
+    One fused max-norm per gradient list: a NaN or inf entry makes its norm NaN or inf, and a
+    max never overflows.
+
+    Example:
+        >>> from sbfunc.step.gradients import all_finite
+        >>> all_finite(torch.tensor(1.0), {"w": torch.tensor([1.0, float("nan")])})
+        tensor(False)
+    """
+    finite = torch.isfinite(loss)
+    if grads:
+        norms = torch._foreach_norm(list(grads.values()), float("inf"))
+        finite = finite & torch.isfinite(torch.stack(norms).sum())
+    return finite

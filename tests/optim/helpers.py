@@ -1,0 +1,86 @@
+"""Shared fixtures of the optimizer tests: a small model's parameters, random gradients and
+runners of sbfunc's and torch's optimizers over the same gradient sequence."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from sbfunc import optim
+
+Params = dict[str, torch.Tensor]
+STEPS = 25
+
+
+def model_params(seed: int = 0) -> Params:
+    """The parameters of a small MLP with a 1-D and a conv layer (several shapes)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(6, 4), nn.Linear(4, 3))
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def grad_sequence(params: Params, steps: int = STEPS, seed: int = 1) -> list[Params]:
+    """Random gradients of mixed scale (one step of tiny ones, one with exact zeros)."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = []
+    for i in range(steps):
+        scale = 1e-4 if i == 3 else 3.0 if i == 7 else 1.0
+        g = {k: scale * torch.randn(v.shape, generator=gen) for k, v in params.items()}
+        if i == 5:
+            g = {k: torch.where(v.abs() < 0.5, 0.0, v) for k, v in g.items()}
+        seq.append(g)
+    return seq
+
+
+def run_ours(opt: optim.Optimizer, params: Params, grads: list[Params]) -> list[Params]:
+    """The parameters after each ``opt.update`` over ``grads``."""
+    state = opt.init(params)
+    out = []
+    for g in grads:
+        params, state = opt.update(g, state, params)
+        out.append(params)
+    return out
+
+
+def run_torch(
+    make: Callable[[list[torch.Tensor]], torch.optim.Optimizer],
+    params: Params,
+    grads: list[Params],
+    *,
+    lr_at: Callable[[int], float] | None = None,
+    scheduler: Callable[[torch.optim.Optimizer], Any] | None = None,
+) -> list[Params]:
+    """The parameters after each ``torch.optim`` step over ``grads``; ``lr_at(i)`` sets the
+    learning rate of step ``i`` by hand, ``scheduler`` builds an ``lr_scheduler`` stepped after
+    every optimizer step."""
+    tensors = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    opt = make(list(tensors.values()))
+    sched = scheduler(opt) if scheduler is not None else None
+    out = []
+    for i, g in enumerate(grads):
+        if lr_at is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr_at(i)
+        for k, t in tensors.items():
+            t.grad = g[k].clone()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        out.append({k: t.detach().clone() for k, t in tensors.items()})
+    return out
+
+
+def assert_same(ours: list[Params], ref: list[Params], *, exact: bool) -> None:
+    """Equal at every step: bitwise when ``exact``, else within rtol=1e-6, atol=1e-7."""
+    assert len(ours) == len(ref)
+    for step, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
+            if exact:
+                assert torch.equal(a[k], b[k]), f"step {step}, {k}: not bitwise equal"
+            else:
+                torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-7)

@@ -1,0 +1,76 @@
+"""Construction-time validation of the optimizers, their reprs and their input checks."""
+
+import math
+
+import pytest
+import torch
+
+from sbfunc import optim
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (lambda: optim.sgd(0.0), ValueError, r"lr must be a finite float in \(0.0, inf\]"),
+        (lambda: optim.sgd(-1), ValueError, "lr must be"),
+        (lambda: optim.sgd(math.nan), ValueError, "lr must be"),
+        (lambda: optim.sgd("0.1"), TypeError, "lr must be a float > 0.0 or a schedule"),
+        (lambda: optim.sgd(True), TypeError, "lr must be"),
+        (lambda: optim.sgd(0.1, momentum=-0.1), ValueError, "momentum"),
+        (lambda: optim.sgd(0.1, dampening=1.5), ValueError, "dampening"),
+        (lambda: optim.sgd(0.1, weight_decay=-1e-4), ValueError, "weight_decay"),
+        (lambda: optim.sgd(0.1, nesterov=True), ValueError, "nesterov=True needs momentum > 0"),
+        (
+            lambda: optim.sgd(0.1, momentum=0.9, dampening=0.1, nesterov=True),
+            ValueError,
+            "dampening == 0",
+        ),
+        (lambda: optim.sgd(0.1, nesterov=1), TypeError, "nesterov must be a bool"),
+        (lambda: optim.sgd(0.1, maximize=None), TypeError, "maximize must be a bool"),
+        (
+            lambda: optim.adam(0.1, b1=1.0),
+            ValueError,
+            r"b1 must be a finite float in \[0.0, 1.0\)",
+        ),
+        (lambda: optim.adam(0.1, b2=-0.1), ValueError, "b2"),
+        (lambda: optim.adam(0.1, eps=-1e-8), ValueError, "eps"),
+        (lambda: optim.adamw(0.1, weight_decay="x"), TypeError, "weight_decay"),
+        (lambda: optim.adam(0.1, amsgrad="yes"), TypeError, "amsgrad must be a bool"),
+        (lambda: optim.decoupled_adamw(0.1, initial_lr=-1.0), ValueError, "initial_lr"),
+        (lambda: optim.decoupled_sgdw(0.1, initial_lr="a"), TypeError, "initial_lr"),
+    ],
+)
+def test_invalid_arguments(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_update_checks_the_gradient_keys():
+    opt = optim.adam(0.1)
+    params = {"a": torch.ones(1), "b": torch.ones(1)}
+    with pytest.raises(ValueError, match=r"missing \['b'\], unexpected \['c'\]"):
+        opt.update({"a": torch.ones(1), "c": torch.ones(1)}, opt.init(params), params)
+    with pytest.raises(TypeError, match="dicts of tensors"):
+        opt.update([torch.ones(1)], opt.init(params), params)
+
+
+def test_reprs_read_as_the_call():
+    assert repr(optim.sgd(1, momentum=0.9, nesterov=True)) == (
+        "sgd(lr=1.0, momentum=0.9, dampening=0.0, nesterov=True, weight_decay=0.0, maximize=False)"
+    )
+    assert repr(optim.adamw(optim.constant_schedule(1e-3))) == (
+        "adamw(lr=constant_schedule(value=0.001), b1=0.9, b2=0.999, eps=1e-08, "
+        "weight_decay=0.01, amsgrad=False, maximize=False)"
+    )
+    assert repr(optim.decoupled_sgdw(0.1, weight_decay=1e-4)) == (
+        "decoupled_sgdw(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, "
+        "weight_decay=0.0001, maximize=False, initial_lr=0.1)"
+    )
+    plain = optim.Optimizer(abs, abs)
+    assert repr(plain).startswith("Optimizer(init=<built-in function abs>")
+
+
+def test_optimizer_is_a_namedtuple_of_init_and_update():
+    init, update = optim.sgd(0.1)
+    assert callable(init) and callable(update)
+    assert optim.Optimizer._fields == ("init", "update")

@@ -1,0 +1,139 @@
+"""``torch.compile(step)``: equal to eager, a fixed small number of graphs over a run.
+
+Compiling costs 10-50 s per graph on a 2-core CPU, so the steps are built and compiled once per
+module and every test shares them.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch import nn
+from torch._dynamo.utils import counters
+
+import sbfunc
+
+STEPS = 16  # the SB window [0.25, 0.75) with interrupt=2 is crossed: off, on/off, off
+N = 16
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv1d(1, 4, 3, padding=1, bias=False),  # no bias before BN: its gradient is 0
+        nn.BatchNorm1d(4),
+        nn.ReLU(),
+        nn.Dropout(0.1),
+        nn.Flatten(),
+        nn.Linear(32, 3),
+    )
+
+
+def _batch(i: int):
+    k = sbfunc.random.fold_in(sbfunc.random.key(123), i)
+    x = sbfunc.random.normal(k, (N, 1, 8))
+    y = (x[:, 0, :4].sum(1) > 0).long() + (x[:, 0, 0] > 0.5).long()
+    return (x, y, torch.arange(N) + N * (i % 4))
+
+
+def _build(policy=None, refill=False):
+    model = _model()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    if policy is None:
+        sb = sbfunc.SelectiveBackprop(0.25, 0.75, keep=0.5, interrupt=2, loss_fn=loss_fn)
+    else:
+        sb = sbfunc.SelectiveBackprop(
+            0.25, 0.75, interrupt=2, loss_fn=loss_fn, policy=policy, ids=2,
+            refill=_batch(0) if refill else None,
+        )  # fmt: skip
+    algorithms = [
+        sb,
+        sbfunc.CutOut(length=0.25),
+        sbfunc.MixUp(0.4, num_classes=3),
+        sbfunc.LabelSmoothing(0.1, num_classes=3),
+    ]
+    lr = sbfunc.optim.cosine_decay_schedule(1e-2, STEPS)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(lr), algorithms)
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    return step, state
+
+
+def _at(state, i):
+    return state.replace(time=state.time._replace(elapsed=i / STEPS))
+
+
+def _assert_close(a, b):
+    for k in a.params:
+        torch.testing.assert_close(a.params[k], b.params[k], rtol=1e-6, atol=1e-7)
+    for k in a.buffers:
+        torch.testing.assert_close(a.buffers[k], b.buffers[k], rtol=1e-6, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def compiled_run():
+    """A 16-step compiled run beside eager steps from the same states, with graph counts."""
+    torch._dynamo.reset()
+    counters.clear()
+    step, state = _build()
+    compiled = torch.compile(step)
+    graphs, pairs = [], []
+    for i in range(STEPS):
+        state = _at(state, i)
+        eager_next, eager_metrics = step(state, _batch(i))
+        state, metrics = compiled(state, _batch(i))
+        pairs.append((eager_next, state, eager_metrics, metrics))
+        graphs.append(counters["stats"]["unique_graphs"])
+    return step, state, graphs, pairs
+
+
+def test_each_compiled_step_equals_the_eager_step(compiled_run):
+    _, _, _, pairs = compiled_run
+    for eager, comp, em, cm in pairs:
+        _assert_close(eager, comp)
+        assert eager.time == comp.time
+        assert em.samples_backpropagated == cm.samples_backpropagated
+        assert [t.name for t in em.traces] == [t.name for t in cm.traces]
+
+
+def test_a_fixed_small_number_of_graphs_over_the_run(compiled_run):
+    _, _, graphs, pairs = compiled_run
+    # SB on and off (the interrupt alternation and the window) are the only two plans.
+    assert {m.samples_backpropagated for *_, m in pairs} == {N // 2, N}
+    assert graphs[-1] <= 4, graphs
+    assert graphs[STEPS // 2] == graphs[-1], graphs  # nothing new once both plans were seen
+
+
+def test_the_compiled_step_keeps_init_and_fire(compiled_run):
+    step, state, _, _ = compiled_run
+    compiled = torch.compile(step)
+    assert compiled.fire(sbfunc.Event.EPOCH_END, state)[0].time == state.time
+    assert compiled.init(state.params, state.buffers, key=sbfunc.random.key(1)).time.step == 0
+
+
+def test_the_core_compiles_with_fullgraph(compiled_run):
+    step, state, _, _ = compiled_run
+    state = _at(state, STEPS // 2)  # SB active (batch_in_epoch is even)
+    plan = step.plan(state, _batch(0))
+    assert plan.events[0], "SB must be planned on AFTER_DATALOADER"
+    core = torch.compile(step.core, fullgraph=True)
+    run, out = core(plan, state, _batch(0))
+    eager_run, eager_out = step.core(plan, state, _batch(0))
+    assert out.samples_backpropagated == eager_out.samples_backpropagated == N // 2
+    for k in run.params:
+        torch.testing.assert_close(run.params[k], eager_run.params[k], rtol=1e-6, atol=1e-7)
+
+
+def test_variable_count_policy_with_refill_compiles_to_a_bounded_number_of_graphs():
+    torch._dynamo.reset()
+    counters.clear()
+    step, state = _build(sbfunc.policies.jiang_cdf(beta=1.0, history=64), refill=True)
+    compiled = torch.compile(step)
+    graphs = []
+    for i in range(2 * STEPS):
+        state = _at(state, i % STEPS)
+        eager_next, em = step(state, _batch(i))
+        state, cm = compiled(state, _batch(i))
+        _assert_close(eager_next, state)
+        assert em.samples_backpropagated == cm.samples_backpropagated
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[STEPS] == graphs[-1], graphs  # the second pass adds no graph
