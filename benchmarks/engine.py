@@ -1,18 +1,23 @@
-"""Engine dispatch overhead: ``run_event`` over one training step's events vs the step itself.
+"""Engine dispatch overhead: the engine's work over one training step's events vs the step.
 
 Measures, in one run and on the same machine:
 
 * the train step of a tiny MLP (64 -> 128 -> 10, batch of 64): ``torch.func.grad`` of the
-  mean cross-entropy through ``functional_call`` plus a plain SGD update of the param dict;
+  mean cross-entropy through ``functional_call`` plus a plain SGD update of the param dict
+  (and, for reference, ``sbfunc.make_train_step`` of the same model with no algorithm);
 * the engine's dispatch for the 11 per-batch events (``AFTER_DATALOADER`` ... ``BATCH_END``)
   with 10 trivial algorithms (``apply`` returns the state unchanged) and ``DEFAULT_PASSES``,
-  in three regimes: *dense* (all 10 match every event: 110 matches, 55 passes and 110 applies
-  per step, the worst case), *sparse* (each algorithm matches one event, like real tricks:
-  SB on AFTER_DATALOADER, MixUp on BEFORE_FORWARD, ...) and *idle* (none matches).
+  done as the training step does it: ``plan_event`` (every ``match`` and the passes, on the
+  host) for all 11 events, then ``apply_planned`` for each event that has matches (each
+  application gets a view of the step, its own key derived from the root key, the step, its
+  name and the event, and a trace). Regimes: *dense* (all 10 match every event: 110 matches,
+  55 passes and 110 applies per step, the worst case), *sparse* (each algorithm matches one
+  event, like real tricks: SB on AFTER_DATALOADER, MixUp on BEFORE_FORWARD, ...) and *idle*
+  (none matches).
 
 It prints each dispatch time as a ratio of the train step (target: <= 2%), next to the floor
 that no engine can go below: a bare Python loop that only calls every ``match`` once and the
-matched ``apply`` methods, without passes or traces.
+matched ``apply`` methods, without passes, keys or traces.
 
 Run: ``python benchmarks/engine.py`` (add ``--quick`` for a smoke run).
 """
@@ -29,15 +34,21 @@ from torch import nn
 from torch.func import functional_call, grad
 
 import sbfunc
-from sbfunc.engine import Algorithm, Event, init_state, run_event
+from sbfunc.engine import (
+    Algorithm,
+    Clock,
+    Event,
+    Run,
+    apply_planned,
+    plan_event,
+    stream_ids,
+    trace_labels,
+)
 
 sys.path.insert(0, str(Path(__file__).parent))
 from selection import timeit
 
-_ORDER = list(Event)
-BATCH_EVENTS = tuple(
-    _ORDER[_ORDER.index(Event.AFTER_DATALOADER) : _ORDER.index(Event.BATCH_END) + 1]
-)
+BATCH_EVENTS = sbfunc.BATCH_EVENTS
 
 
 class Trivial(Algorithm):
@@ -76,7 +87,10 @@ def main() -> None:
         return {k: v - 0.1 * g[k] for k, v in params.items()}
 
     step_s = timeit(train_step, repeats, inner)
-    state = init_state(params, buffers, key=sbfunc.random.key(0)).replace(batch=(x, y))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    sb_step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    sb_state = sb_step.init(params, buffers, key=sbfunc.random.key(0))
+    sb_step_s = timeit(lambda: sb_step(sb_state, (x, y)), repeats, inner)
     regimes = {
         "dense (10 x 11 matches)": [Trivial(frozenset(BATCH_EVENTS), f"t{i}") for i in range(10)],
         "sparse (1 event each)": [
@@ -86,16 +100,23 @@ def main() -> None:
         "dense, one shared name": [Trivial(frozenset(BATCH_EVENTS), "t") for _ in range(10)],
     }
     print(f"tiny MLP train step (grad + SGD, batch 64): {step_s * 1e6:8.1f} us")
+    print(f"the same with sbfunc.make_train_step, no algorithm: {sb_step_s * 1e6:8.1f} us")
     for label, algs in regimes.items():
+        step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algs)
+        state = step.init(params, buffers, key=sbfunc.random.key(0))
+        labels, streams = trace_labels(algs), stream_ids([a.name for a in algs])
+        view = sbfunc.State(state.key, params, buffers, batch=(x, y))
 
-        def dispatch(algs=algs):
-            s = state
-            for event in BATCH_EVENTS:
-                s, _ = run_event(event, s, algs)
-            return s
+        def dispatch(algs=algs, state=state, labels=labels, streams=streams):
+            run = Run.start(state, (x, y), Clock.of(state.time))
+            plan = [plan_event(e, run, algs) for e in BATCH_EVENTS]
+            for event, planned in zip(BATCH_EVENTS, plan, strict=True):
+                if planned:
+                    run = apply_planned(event, planned, run, algs, labels, streams)
+            return run
 
-        def bare(algs=algs):
-            s = state
+        def bare(algs=algs, view=view):
+            s = view
             for event in BATCH_EVENTS:
                 for alg in [a for a in algs if a.match(event, s)]:
                     s = alg.apply(event, s)
@@ -103,7 +124,7 @@ def main() -> None:
 
         d, floor = timeit(dispatch, repeats, inner), timeit(bare, repeats, inner)
         print(
-            f"run_event x 11 events, 10 algorithms, {label:24s}: {d * 1e6:6.1f} us "
+            f"plan + apply x 11 events, 10 algorithms, {label:24s}: {d * 1e6:6.1f} us "
             f"= {100 * d / step_s:5.2f}% of the step "
             f"(bare match/apply calls alone: {floor * 1e6:5.1f} us = {100 * floor / step_s:5.2f}%)"
         )

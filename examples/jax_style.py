@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchopt
 from torch import nn
 
 import sbfunc
@@ -73,12 +72,13 @@ def main() -> None:
         sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2, loss_fn=loss_fn),
         targets,
     ]
-    optimizer = torchopt.adamw(3e-3, weight_decay=1e-4)
+    optimizer = sbfunc.optim.adamw(3e-3, weight_decay=1e-4)  # torch.optim.AdamW's update
     step = sbfunc.make_train_step(loss_fn, optimizer, algorithms)
     key = sbfunc.random.key(42)
-    state = sbfunc.init_state(
-        params, buffers, key=key, opt_state=optimizer.init(params), algorithms=algorithms
-    )
+    # The whole TrainState: params, buffers, AdamW's moments, one state per algorithm (a tuple
+    # mirroring the list), the root key and the time. Every random draw of the run derives
+    # from the root key, the step and the drawing algorithm's name.
+    state = step.init(params, buffers, key=key)
     steps_per_epoch = data.x_train.shape[0] // BATCH
 
     def batches(epoch: int) -> Any:
@@ -98,7 +98,7 @@ def main() -> None:
 
     # 2. Train half, checkpoint, load into a template, train the rest.
     total = epochs * steps_per_epoch
-    run = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, log_every=5)
+    run = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, log_every=5, history=False)
     half = sbfunc.fit(step, state, batches, stop_after=total // 2, **run).state
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "half.pt"

@@ -13,8 +13,9 @@ script tests four pieces of *user* code the way sbfunc tests its own:
    same rows, and only the ranks of the scores mattering;
 3. pruning with ``sbfunc.take`` on any pytree batch: every per-sample leaf keeps the same rows,
    metadata leaves pass through, the input is untouched;
-4. ``SelectiveBackprop`` driven by that rule on drawn train states: it keeps exactly
-   ``kept_count`` rows of every leaf, aligned, counts the scoring forward and is pure.
+4. ``SelectiveBackprop`` driven by that rule on drawn states (what ``apply`` sees): it keeps
+   exactly ``kept_count`` rows of every leaf, aligned, counts the scoring forward, leaves its
+   key alone and is pure.
 
 In a test suite, put ``@settings(...)`` and ``@given(...)`` on the same functions and let
 pytest collect them. Here ``main`` applies them itself and prints one line per property.
@@ -182,8 +183,8 @@ def selective_backprop_prunes_every_leaf(state: sbfunc.State, keep: float) -> No
     n = sbfunc.batch_size(state.batch)
     assert sbfunc.batch_size(new.batch) == sbfunc.kept_count(n, keep)
     assert_rows_aligned(state.batch, new.batch)
-    assert new.time.samples_forwarded == state.time.samples_forwarded + n
-    assert not torch.equal(new.key, state.key), "the key was not advanced"
+    assert new.samples_scored == state.samples_scored + n, "the scoring forward was not counted"
+    assert torch.equal(new.key, state.key), "apply stored a key (draw from state.key, keep none)"
     assert trees_equal(sb.apply(Event.AFTER_DATALOADER, state), new), "not deterministic"
 
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-import torchopt
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -48,7 +47,7 @@ def accuracy(model: nn.Module, params: sbfunc.Params, x: torch.Tensor, y: torch.
 
 def train(
     data: sbfunc.datasets.Split, epochs: int, selective: bool, desc: str = ""
-) -> tuple[list[dict[str, float]], sbfunc.State]:
+) -> tuple[list[dict[str, float]], sbfunc.TrainState]:
     """Train from the same initialisation; return per-epoch records and the final state."""
     torch.manual_seed(0)
     model = make_model()
@@ -59,12 +58,9 @@ def train(
         algorithms.append(
             sbfunc.SelectiveBackprop(start=0.2, end=1.0, keep=0.5, interrupt=2, loss_fn=loss_fn)
         )
-    optimizer = torchopt.adam(3e-3)
-    step = sbfunc.make_train_step(loss_fn, optimizer, algorithms)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(3e-3), algorithms)
     key = sbfunc.random.key(0)
-    state = sbfunc.init_state(
-        params, buffers, key=key, opt_state=optimizer.init(params), algorithms=algorithms
-    )
+    state = step.init(params, buffers, key=key)
     steps_per_epoch = data.x_train.shape[0] // BATCH
 
     def batches(epoch: int) -> Any:  # a fresh shuffle per epoch, from an explicit key

@@ -83,7 +83,7 @@ from sbfunc.step import (
     weighted_mean,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "BATCH_EVENTS",

@@ -33,6 +33,8 @@ __all__ = [
     "ModuleLoss",
     "Output",
     "Params",
+    "draws_randomness",
+    "mode_dependent",
     "per_sample_loss",
     "reduce_per_sample",
     "split_module",
@@ -230,6 +232,48 @@ def per_sample_loss(
         Hugging Face Transformers ``ModelOutput`` (``outputs.logits``).
     """
     return ModuleLoss(module, criterion, input=input, target=target, output=output, train=train)
+
+
+_RANDOM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.dropout._DropoutNd,
+    nn.MultiheadAttention,
+)
+_MODE_LAYERS: tuple[type[nn.Module], ...] = (
+    *_RANDOM_LAYERS,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def draws_randomness(module: nn.Module) -> bool:
+    """Whether ``module`` has layers that draw random numbers in training mode (dropout,
+    multi-head attention with its dropout).
+
+    Example:
+        >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.1)))
+        True
+
+    References:
+        PyTorch ``nn.Dropout``, ``nn.MultiheadAttention``.
+    """
+    return any(isinstance(m, _RANDOM_LAYERS) for m in module.modules())
+
+
+def mode_dependent(module: nn.Module) -> bool:
+    """Whether ``module`` computes differently in training and evaluation mode (dropout,
+    batch and instance normalization, multi-head attention): its eval-mode scores then differ
+    from its training losses. Custom layers that read ``self.training`` are not detected.
+
+    Example:
+        >>> sbfunc.module.mode_dependent(torch.nn.Linear(2, 2))
+        False
+        >>> sbfunc.module.mode_dependent(torch.nn.BatchNorm1d(2))
+        True
+
+    References:
+        PyTorch ``nn.Module.train`` / ``eval``.
+    """
+    return any(isinstance(m, _MODE_LAYERS) for m in module.modules())
 
 
 class ModuleLoss:

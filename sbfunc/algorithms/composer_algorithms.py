@@ -118,6 +118,8 @@ class LabelSmoothing(Algorithm):
         Szegedy et al. 2016; MosaicML Composer ``LabelSmoothing``.
     """
 
+    uses_key = False
+
     def __init__(self, smoothing: float = 0.1, *, num_classes: int, target: int | str = 1) -> None:
         self.smoothing = check_probability("smoothing", smoothing)
         self.num_classes = _check_classes(num_classes)

@@ -12,7 +12,7 @@ from sbfunc import random as sbrandom
 from sbfunc.batch import Field, batch_size, extract, take
 from sbfunc.compat.composer import check_window, should_selective_backprop
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.module import LossFn, ModuleLoss
+from sbfunc.module import LossFn, ModuleLoss, draws_randomness, mode_dependent
 from sbfunc.policies import (
     Policy,
     Queue,
@@ -22,13 +22,24 @@ from sbfunc.policies import (
     enqueue,
     score_needed,
 )
-from sbfunc.score import check_scale_factor, score_losses
+from sbfunc.score import check_downsampled_scoring, check_scale_factor, score_losses
 from sbfunc.select import Selection, check_keep, rank_power
 
 __all__ = ["SelectiveBackprop"]
 
 
 SelectFn = Callable[..., Selection]
+_SCORING = 0x5C0E  # the scoring forward's stream under this algorithm's key
+
+
+def _keyed(
+    score: Callable[[Any], torch.Tensor], key: torch.Tensor
+) -> Callable[[Any], torch.Tensor]:
+    def keyed_score(batch: Any) -> torch.Tensor:
+        with sbrandom.keyed(key):
+            return score(batch)
+
+    return keyed_score
 
 
 class SelectiveBackprop(Algorithm):
@@ -76,6 +87,17 @@ class SelectiveBackprop(Algorithm):
             above); selections with weights cannot be queued and raise ``ValueError``.
         input: where the input sits in the batch (for downsampling).
         score_in_train_mode: see ``loss_fn``.
+        reuse_losses: record the training forward's per-sample losses of the kept rows in
+            the policy's per-id state on every step (``AFTER_LOSS``), so a policy that
+            remembers losses (``Policy.record``: Stale-SB, Loshchilov, InfoBatch) needs fewer
+            scoring forwards. ``None`` (default): on when the policy can record and scoring
+            and training see the same losses (``score_in_train_mode=True``, or a
+            ``per_sample_loss`` model without dropout or batch normalization); training
+            losses are train-mode losses (dropout, batch statistics), scores eval-mode ones.
+        score_dtype: run the scoring forward under ``torch.autocast`` with this dtype
+            (``torch.bfloat16`` on CPU; ``torch.float16`` or ``torch.bfloat16`` on CUDA):
+            cheaper scores whose ranking agrees closely with full precision (measured in
+            ``benchmarks/scoring.py``). ``None``: the model's own precision.
         name: the name in traces (and of its random stream).
 
     Example:
@@ -122,6 +144,8 @@ class SelectiveBackprop(Algorithm):
         refill: Any = None,
         input: Field = 0,
         score_in_train_mode: bool = False,
+        reuse_losses: bool | None = None,
+        score_dtype: torch.dtype | None = None,
         name: str | None = None,
     ) -> None:
         check_window(start, end, interrupt)
@@ -136,8 +160,39 @@ class SelectiveBackprop(Algorithm):
         self.scale_factor = check_scale_factor(scale_factor)
         if not callable(loss_fn):
             raise TypeError(f"loss_fn must be a per-sample loss function, got {loss_fn!r}")
+        same_losses = score_in_train_mode or (
+            isinstance(loss_fn, ModuleLoss) and not mode_dependent(loss_fn.module)
+        )
         if isinstance(loss_fn, ModuleLoss) and not score_in_train_mode:
             loss_fn = loss_fn.with_train(False)
+        can_record = policy is not None and policy.record is not None
+        if reuse_losses is None:
+            reuse_losses = can_record and same_losses
+        elif not isinstance(reuse_losses, bool):
+            raise TypeError(f"reuse_losses must be True, False or None, got {reuse_losses!r}")
+        elif reuse_losses and not can_record:
+            raise ValueError(
+                "reuse_losses=True needs a policy that records losses (Policy.record: stale_sb,"
+                " loshchilov, infobatch)"
+            )
+        if reuse_losses and ids is None:
+            raise ValueError("reuse_losses needs the batch field `ids` (per-id losses)")
+        self.reuse_losses = reuse_losses
+        if score_dtype is not None and (
+            not isinstance(score_dtype, torch.dtype) or not score_dtype.is_floating_point
+        ):
+            raise TypeError(
+                f"score_dtype must be a floating torch.dtype (torch.bfloat16, torch.float16) "
+                f"or None, got {score_dtype!r}"
+            )
+        self.score_dtype = score_dtype
+        # Train-mode scoring of a model with dropout draws from this algorithm's key.
+        self.keyed_scoring = (
+            score_in_train_mode
+            and isinstance(loss_fn, ModuleLoss)
+            and draws_randomness(loss_fn.module)
+        )
+        self._fits: set[Any] = set()  # input shapes whose downsampled scoring was checked
         if self.scale_factor != 1.0 and callable(input):
             raise TypeError("with scale_factor != 1, input must be an int or str batch field")
         if select is not None and not callable(select):
@@ -158,34 +213,61 @@ class SelectiveBackprop(Algorithm):
         return policy_state if self.refill is None else (policy_state, self.refill)
 
     def match(self, event: Event, state: State) -> bool:
+        if event == Event.AFTER_LOSS:
+            return self.reuse_losses
         if event != Event.AFTER_DATALOADER:
             return False
         t = state.time
-        return should_selective_backprop(
+        active = should_selective_backprop(
             t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt
         )
+        if active and self.scale_factor != 1.0:  # once per input shape, on the host
+            self._check_fit(state)
+        return active
+
+    def _check_fit(self, state: State) -> None:
+        shape = tuple(extract(state.batch, self.input, "input").shape[1:])
+        if shape not in self._fits:
+            check_downsampled_scoring(
+                self.loss_fn, state.params, state.buffers, state.batch, self.scale_factor,
+                input=self.input,
+            )  # fmt: skip
+            self._fits.add(shape)
 
     def apply(self, event: Event, state: State) -> State:
+        clock = state.clock
+        epoch: int | torch.Tensor = state.time.epoch if clock is None else clock.epoch
+        policy_state, queue = (state.own, None) if self.refill is None else state.own
+        if event == Event.AFTER_LOSS:  # the training forward's losses of the kept rows
+            assert self.policy is not None and self.policy.record is not None
+            assert self.ids is not None  # checked at construction
+            if state.losses is None:
+                return state
+            ids = extract(state.batch, self.ids, "ids")
+            policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
+            return state.replace(own=policy_state if queue is None else (policy_state, queue))
         batch = state.batch
-        score = partial(
+        score: Callable[[Any], torch.Tensor] = partial(
             score_losses,
             self.loss_fn,
             state.params,
             state.buffers,
             scale_factor=self.scale_factor,
             input=self.input,
+            dtype=self.score_dtype,
         )
-        clock = state.clock
-        epoch: int | torch.Tensor = state.time.epoch if clock is None else clock.epoch
+        if self.keyed_scoring:
+            score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
         elapsed: float | torch.Tensor = state.time.elapsed if clock is None else clock.elapsed
-        policy_state, queue = (state.own, None) if self.refill is None else state.own
         if self.policy is None:
             forwarded = batch_size(batch)
             selection = self.select(score(batch), self.keep, key=state.key)
             batch, weights = take(batch, selection.indices), selection.weights
         else:
             ids = None if self.ids is None else extract(batch, self.ids, "ids")
-            scores, forwarded = score_needed(self.policy, policy_state, batch, ids, epoch, score)
+            scores, scored, forwarded = score_needed(
+                self.policy, policy_state, batch, ids, epoch, score
+            )
             pruned = apply_policy(
                 self.policy,
                 policy_state,
@@ -195,6 +277,7 @@ class SelectiveBackprop(Algorithm):
                 ids=self.ids,
                 epoch=epoch,
                 elapsed=elapsed,
+                scored=scored,
             )
             batch, weights, policy_state = pruned.batch, pruned.weights, pruned.state
         own = policy_state

@@ -42,7 +42,10 @@ class Algorithm(ABC):
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``
     (the algorithm prunes the batch, like Selective Backprop: the default passes run it first)
-    and ``fuses_layernorm`` (the passes run it last). ``name`` is the class name unless the
+    and ``fuses_layernorm`` (the passes run it last). ``uses_key`` (default ``True``) says
+    whether ``apply`` draws randomness: a deterministic algorithm sets it to ``False`` and the
+    engine skips deriving its key (``state.key`` is then ``None``), which saves a Threefry
+    block per application in eager steps. ``name`` is the class name unless the
     class body or the instance sets one; it labels traces and, with the algorithm's rank among
     same-named algorithms, derives its random stream (so adding or moving another algorithm
     never changes its draws). Combinators list what they wrap in ``parts``.
@@ -72,6 +75,8 @@ class Algorithm(ABC):
     interpolate_loss: bool = False
     selects_samples: bool = False
     fuses_layernorm: bool = False
+    uses_key: bool = True
+    """Whether ``apply`` reads ``state.key`` (``False``: the engine passes ``None``)."""
     parts: tuple[Algorithm, ...] = ()
     """Sub-algorithms (set by combinators)."""
     name: str = "Algorithm"

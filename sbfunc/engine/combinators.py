@@ -29,7 +29,7 @@ def _check_algorithm(alg: object, arg: str) -> Algorithm:
 
 def _inherit_flags(target: Algorithm, parts: Iterable[Algorithm]) -> None:
     parts = tuple(parts)
-    for flag in FLAGS:
+    for flag in (*FLAGS, "uses_key"):
         setattr(target, flag, any(getattr(p, flag) for p in parts))
 
 
@@ -74,11 +74,13 @@ class _Chain(Algorithm):
         for i, part in enumerate(self.parts):
             if not decisions[i]:
                 continue
+            part_key = (
+                None
+                if key is None or not part.uses_key
+                else sbrandom.fold_in(key, self.streams[i])
+            )
             view = state.replace(
-                own=own[i],
-                scratch=scratch[i],
-                matched=decisions[i],
-                key=sbrandom.fold_in(key, self.streams[i]),
+                own=own[i], scratch=scratch[i], matched=decisions[i], key=part_key
             )
             out, part_code = unpack_result(part.apply(event, view), part)
             own[i], scratch[i] = out.own, out.scratch

@@ -28,7 +28,7 @@ class _Injected(Algorithm):
         first = self._build(self._values(0.0, self.initial))
         self.parts = (first,)
         self.name = name if name is not None else f"hyperparams:{first.name}"
-        for flag in FLAGS:
+        for flag in (*FLAGS, "uses_key"):
             setattr(self, flag, getattr(first, flag))
 
     def _values(self, elapsed: float, stored: Mapping[str, Any]) -> dict[str, Any]:

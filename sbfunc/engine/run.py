@@ -14,7 +14,7 @@ import copy
 import operator
 import zlib
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -258,14 +258,17 @@ def apply_planned(
     """Apply the planned algorithms of ``event`` to ``run`` in order (tensor work).
 
     Each algorithm gets a :class:`State` focused on it (its ``own``, ``scratch``, ``matched``
-    decision and its key, derived from the root key, the step, its stream id and the event);
+    decision and its key, derived from the root key, the step, its stream id and the event,
+    or ``None`` when it declares ``uses_key = False``);
     what it returns flows back into the run, and a :class:`Trace` is appended.
 
     Raises:
         TypeError: if an ``apply`` returns neither a ``State`` nor ``(State, exit_code)``.
     """
     for order, (i, decision) in enumerate(planned):
-        run, key = _key_for(run, streams[i], event)
+        key = cast(torch.Tensor, None)  # an algorithm that draws nothing gets no key
+        if algorithms[i].uses_key:
+            run, key = _key_for(run, streams[i], event)
         view = State(
             key,
             run.params,

@@ -146,7 +146,8 @@ class State(NamedTuple):
     it (split it for several draws) and never store it.
 
     Attributes:
-        key: this algorithm's key for this step and event.
+        key: this algorithm's key for this step and event (``None`` for algorithms that
+            declare ``uses_key = False``).
         params: trainable tensors by name.
         buffers: non-trainable tensors by name.
         opt_state: the optimizer state.
@@ -175,7 +176,7 @@ class State(NamedTuple):
         MosaicML Composer ``composer.core.State``.
     """
 
-    key: torch.Tensor
+    key: torch.Tensor  # None only for an algorithm that declares uses_key = False
     params: Params = {}  # noqa: RUF012  (never mutated: replaced)
     buffers: Params = {}  # noqa: RUF012
     opt_state: Any = ()

@@ -253,7 +253,12 @@ def adamw(
     :func:`adam` step without the L2 term.
 
     Args:
-        lr, b1, b2, eps, amsgrad, maximize: as in :func:`adam`.
+        lr: as in :func:`adam`.
+        b1: as in :func:`adam`.
+        b2: as in :func:`adam`.
+        eps: as in :func:`adam`.
+        amsgrad: as in :func:`adam`.
+        maximize: as in :func:`adam`.
         weight_decay: the decay per unit of learning rate, ``>= 0``, or a schedule.
 
     Returns:
@@ -303,7 +308,11 @@ def decoupled_adamw(
     (``b2=0.95``, ``weight_decay=1e-5``).
 
     Args:
-        lr, b1, b2, eps, amsgrad: as in :func:`adam`.
+        lr: as in :func:`adam`.
+        b1: as in :func:`adam`.
+        b2: as in :func:`adam`.
+        eps: as in :func:`adam`.
+        amsgrad: as in :func:`adam`.
         weight_decay: the decay per step at ``lr_t == initial_lr``, ``>= 0``, or a schedule.
         maximize: maximize the objective (an sbfunc extension; Composer has none).
         initial_lr: Composer's base learning rate, ``> 0``; defaults to ``lr`` (a float) or

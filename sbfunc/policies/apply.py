@@ -52,6 +52,7 @@ def apply_policy(
     ids: Field | None = None,
     epoch: int | torch.Tensor = 0,
     elapsed: float | torch.Tensor = 0.0,
+    scored: torch.Tensor | None = None,
 ) -> Pruned:
     """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them.
 
@@ -65,6 +66,7 @@ def apply_policy(
             :func:`sbfunc.extract`); ``None`` for policies without ids.
         epoch: the current epoch.
         elapsed: the fraction of training done.
+        scored: which entries of ``scores`` are fresh (see :func:`score_needed`).
 
     Returns:
         A :class:`Pruned`.
@@ -88,7 +90,9 @@ def apply_policy(
     if scores.shape != (n,):
         raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
     id_tensor = None if ids is None else extract(batch, ids, "ids")
-    sel, state = policy.select(scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed)
+    sel, state = policy.select(
+        scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored
+    )
     return Pruned(take(batch, sel.indices), sel.weights, sel.indices, state)
 
 
@@ -99,8 +103,8 @@ def score_needed(
     ids: torch.Tensor | None,
     epoch: int | torch.Tensor,
     score_fn: Callable[[Any], torch.Tensor],
-) -> tuple[torch.Tensor, int]:
-    """Scores for ``policy.select``, running ``score_fn`` only on the rows the policy reads
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Scores for ``policy.select``, running ``score_fn`` only on the rows the policy needs
     (``policy.score_rows``; every row when it is ``None``).
 
     Args:
@@ -113,27 +117,34 @@ def score_needed(
             :func:`sbfunc.score_losses`).
 
     Returns:
-        ``(scores, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows and NaN
-        elsewhere, and the number of rows scored (``score_fn`` is not called when it is 0).
-        With ``score_rows`` the number of rows is data-dependent (a variable shape).
+        ``(scores, scored, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows
+        (zeros elsewhere), the ``bool Tensor[N]`` of scored rows to pass as
+        ``select(..., scored=...)`` (``None`` when every row was scored), and the number of
+        rows scored (``score_fn`` is not called when it is 0). With ``score_rows`` that number
+        is data-dependent (a variable shape).
 
     Example:
         >>> from sbfunc.policies import score_needed, stale_sb
         >>> policy = stale_sb(1.0, num_ids=4)
+        >>> state = policy.record(policy.init(), torch.tensor([3]), torch.tensor([0.5]), 0)
         >>> batch, ids = torch.tensor([1.0, 2.0]), torch.tensor([0, 3])
-        >>> score_needed(policy, policy.init(), batch, ids, 0, lambda b: b * 10)
-        (tensor([10., 20.]), 2)
+        >>> score_needed(policy, state, batch, ids, 0, lambda b: b * 10)
+        (tensor([10.,  0.]), tensor([ True, False]), 1)
 
     References:
         Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
     """
     if policy.score_rows is None:
-        return score_fn(batch), batch_size(batch)
+        return score_fn(batch), None, batch_size(batch)
     n = batch_size(batch)
-    rows = policy.score_rows(state, ids, epoch).nonzero().reshape(-1)  # variable size
-    if rows.shape[0] == 0:  # every row is cached: no forward at all
-        device = ids.device if ids is not None else None
-        return torch.full((n,), torch.nan, device=device), 0
+    scored = policy.score_rows(state, ids, epoch)
+    rows = scored.nonzero().reshape(-1)  # variable size
+    if rows.shape[0] == 0:  # every row's loss is remembered: no forward at all
+        return torch.zeros(n, device=scored.device), scored, 0
     fresh = score_fn(take(batch, rows))
-    scores = torch.full((n,), torch.nan, dtype=fresh.dtype, device=fresh.device)
-    return scores.index_put((rows.to(fresh.device),), fresh), rows.shape[0]
+    scores = torch.zeros(n, dtype=fresh.dtype, device=fresh.device)
+    return (
+        scores.index_put((rows.to(fresh.device),), fresh),
+        scored.to(fresh.device),
+        rows.shape[0],
+    )

@@ -29,6 +29,7 @@ __all__ = [
     "EmptyState",
     "Policy",
     "PolicyState",
+    "Record",
     "ScoreRows",
     "SelectArgs",
     "SelectPolicy",
@@ -67,11 +68,15 @@ class SelectPolicy(Protocol):
         ids: torch.Tensor | None = None,
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
+        scored: torch.Tensor | None = None,
     ) -> tuple[Selection, PolicyState]: ...
 
 
 ScoreRows = Callable[[PolicyState, torch.Tensor | None, "int | torch.Tensor"], torch.Tensor]
-"""``(state, ids, epoch) -> bool Tensor[N]``: the rows whose scores ``select`` will read."""
+"""``(state, ids, epoch) -> bool Tensor[N]``: the rows whose scores ``select`` needs."""
+
+Record = Callable[[PolicyState, torch.Tensor, torch.Tensor, "int | torch.Tensor"], PolicyState]
+"""``(state, ids, losses, epoch) -> state``: remember losses observed outside ``select``."""
 
 
 class Policy(NamedTuple):
@@ -79,15 +84,21 @@ class Policy(NamedTuple):
 
     Attributes:
         init: ``() -> state``, the initial state.
-        select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0) -> (Selection,
-            state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to backpropagate),
-            ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id policies),
-            ``epoch`` the current epoch and ``elapsed`` the fraction of training done (Python
-            numbers or 0-d tensors: inside a compiled step they are tensors).
-        score_rows: ``None`` when ``select`` reads every row's score, else ``(state, ids,
-            epoch) -> bool Tensor[N]``, the rows it reads (the others' entries of ``scores``
-            are ignored, so their scoring forward can be skipped; see
-            :func:`~sbfunc.policies.score_needed`).
+        select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None) ->
+            (Selection, state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to
+            backpropagate), ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id
+            policies), ``epoch`` the current epoch and ``elapsed`` the fraction of training
+            done (Python numbers or 0-d tensors: inside a compiled step they are tensors), and
+            ``scored`` a ``bool Tensor[N]`` marking the entries of ``scores`` that are fresh
+            (``None``: all; the others are placeholders the policy must not read).
+        score_rows: ``None`` when ``select`` needs every row's score, else ``(state, ids,
+            epoch) -> bool Tensor[N]``, the rows it needs (it remembers the others' losses),
+            so the others' scoring forward can be skipped
+            (:func:`~sbfunc.policies.score_needed`).
+        record: ``None``, or ``(state, ids, losses, epoch) -> state`` for policies that keep
+            per-id losses: remember losses computed elsewhere, e.g. by the training forward
+            of the kept rows (``SelectiveBackprop(reuse_losses=...)``), so they need not be
+            scored again. Non-finite losses are not recorded.
 
     Example:
         >>> from sbfunc.policies import top_k_policy
@@ -104,6 +115,7 @@ class Policy(NamedTuple):
     init: Callable[[], PolicyState]
     select: SelectPolicy
     score_rows: ScoreRows | None = None
+    record: Record | None = None
 
 
 class EmptyState(NamedTuple):
@@ -307,12 +319,14 @@ class SelectArgs(NamedTuple):
     ids: torch.Tensor | None = None
     epoch: int | torch.Tensor = 0
     elapsed: float | torch.Tensor = 0.0
+    scored: torch.Tensor | None = None
 
 
 def make_policy(
     init: Callable[[], PolicyState],
     rule: Callable[[torch.Tensor, Any, SelectArgs], tuple[Selection, Any]],
     score_rows: ScoreRows | None = None,
+    record: Record | None = None,
 ) -> Policy:
     """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
     (Selection, state)``; ``select`` validates the scores and packs its keyword arguments.
@@ -335,11 +349,17 @@ def make_policy(
         ids: torch.Tensor | None = None,
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
+        scored: torch.Tensor | None = None,
     ) -> tuple[Selection, PolicyState]:
         check_scores(scores)
-        return rule(scores, state, SelectArgs(key, ids, epoch, elapsed))
+        if scored is not None and (scored.shape != scores.shape or scored.dtype != torch.bool):
+            raise ValueError(
+                f"scored must be a bool Tensor{list(scores.shape)} like the scores, got "
+                f"{scored.dtype} of shape {tuple(scored.shape)}"
+            )
+        return rule(scores, state, SelectArgs(key, ids, epoch, elapsed, scored))
 
-    return Policy(init, select, score_rows)
+    return Policy(init, select, score_rows, record)
 
 
 def stateless(

@@ -13,7 +13,14 @@ from sbfunc.policies.base import (
     check_positive_int,
     make_policy,
 )
-from sbfunc.policies.tables import Device, LossTable, table_init, table_lookup, table_update
+from sbfunc.policies.tables import (
+    Device,
+    LossTable,
+    table_init,
+    table_lookup,
+    table_needs,
+    table_record,
+)
 from sbfunc.select import Selection
 
 __all__ = ["infobatch"]
@@ -32,8 +39,9 @@ def infobatch(
     for the kept well-learned rows, InfoBatch's ``1/(1-r)`` rescaling normalised for the mean
     over the ``k`` kept rows, so that mean is an unbiased estimate of the full-batch mean loss.
     Once ``elapsed >= delta`` every row is kept with unit weights (the annealing phase).
-    The decision uses only the recorded losses; ``scores`` (the batch's current losses) are
-    recorded afterwards. Needs ``ids``.
+    The decision uses only the recorded losses, so only ids never recorded need a score
+    (``score_rows``); fresh scores are recorded after the decision, and ``record`` takes the
+    training forward's losses of the kept rows (what InfoBatch uses). Needs ``ids``.
 
     Args:
         prune_ratio: ``r``, the drop probability of a well-learned row, in [0, 1).
@@ -72,7 +80,7 @@ def infobatch(
     def rule(scores: torch.Tensor, state: LossTable, a: SelectArgs) -> tuple[Selection, LossTable]:
         n = scores.shape[0]
         ids = check_ids(a.ids, n, "infobatch")
-        table = table_update(state, ids, scores, a.epoch)
+        table = table_record(state, ids, scores, a.epoch, mask=a.scored)
         seen = state.epoch >= 0
         mean = torch.where(seen, state.loss, 0).sum() / seen.sum().clamp_min(1)
         mine = table_lookup(state, ids)
@@ -81,4 +89,9 @@ def infobatch(
         inclusion = torch.where(learned, 1.0 - prune_ratio, 1.0).to(scores)
         return bernoulli_selection(inclusion, a.key, weighted=True), table
 
-    return make_policy(init, rule)
+    def score_rows(
+        state: LossTable, ids: torch.Tensor | None, epoch: int | torch.Tensor
+    ) -> torch.Tensor:
+        return table_needs(state, ids, epoch, None)
+
+    return make_policy(init, rule, score_rows, table_record)

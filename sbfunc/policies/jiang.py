@@ -26,7 +26,8 @@ from sbfunc.policies.tables import (
     history_push,
     table_init,
     table_lookup,
-    table_update,
+    table_needs,
+    table_record,
 )
 from sbfunc.select import Selection
 
@@ -137,8 +138,8 @@ def needs_scoring(
     """Which rows need a fresh scoring forward under :func:`stale_sb`: ids never scored, or
     whose cached loss is at least ``max_age`` epochs old.
 
-    The caller may skip the scoring forward for the other rows and pass any value (e.g. NaN)
-    for them in ``scores``: ``select`` uses their cached loss instead.
+    The caller may skip the scoring forward for the other rows and pass ``scored=`` to
+    ``select``: it uses their cached loss instead.
 
     Args:
         state: a :class:`StaleState`.
@@ -152,8 +153,7 @@ def needs_scoring(
         >>> from sbfunc.policies import needs_scoring, stale_sb
         >>> policy = stale_sb(1.0, num_ids=4, max_age=2)
         >>> state = policy.init()
-        >>> _, state = policy.select(torch.tensor([1.0, 2.0]), state, key=sbfunc.random.key(0),
-        ...                          ids=torch.tensor([0, 1]), epoch=0)
+        >>> state = policy.record(state, torch.tensor([0, 1]), torch.tensor([1.0, 2.0]), 0)
         >>> needs_scoring(state, torch.tensor([0, 1, 2]), epoch=1)
         tensor([False, False,  True])
         >>> needs_scoring(state, torch.tensor([0, 1, 2]), epoch=2)
@@ -162,10 +162,7 @@ def needs_scoring(
     References:
         Jiang et al. 2019 (Stale-SB).
     """
-    if ids is None:
-        raise ValueError("stale_sb needs sample ids: pass ids=<int64 Tensor[N]>")
-    cached = table_lookup(state.table, ids).epoch
-    return (cached < 0) | (epoch - cached >= state.max_age)
+    return table_needs(state.table, ids, epoch, state.max_age)
 
 
 def stale_sb(
@@ -180,12 +177,14 @@ def stale_sb(
 ) -> Policy:
     """Stale-SB: :func:`jiang_cdf` on cached per-id losses, refreshed every ``max_age`` epochs.
 
-    At ``select``, rows where :func:`needs_scoring` holds take their loss from ``scores`` and
-    are cached with the current epoch; the other rows use their cached loss (their entries of
-    ``scores`` are ignored, so their scoring forward can be skipped). The effective losses of
-    the whole batch then enter the history and are kept with probability
-    ``max(sampling_min, CDF_R(L)^beta)``. ``max_age=1`` rescores every row every epoch (plain
-    SB); the paper uses 2 or 3. Needs ``ids``.
+    At ``select``, the rows marked fresh by ``scored`` (all rows when it is ``None``) take
+    their loss from ``scores`` and are cached with the current epoch; the other rows use their
+    cached loss. :func:`needs_scoring` (the policy's ``score_rows``) says which rows must be
+    fresh: ids never seen or cached at least ``max_age`` epochs ago, so the others' scoring
+    forward can be skipped; ``record`` caches losses computed elsewhere (the training
+    forward). The effective losses of the whole batch then enter the history and are kept
+    with probability ``max(sampling_min, CDF_R(L)^beta)``. ``max_age=1`` rescores every row
+    every epoch (plain SB); the paper uses 2 or 3. Needs ``ids``.
 
     Args:
         beta: the selectivity exponent, > 0.
@@ -227,11 +226,16 @@ def stale_sb(
         scores: torch.Tensor, state: StaleState, a: SelectArgs
     ) -> tuple[Selection, StaleState]:
         ids = check_ids(a.ids, scores.shape[0], "stale_sb")
-        fresh = needs_scoring(state, ids, a.epoch).to(scores.device)
+        fresh = torch.ones_like(scores, dtype=torch.bool) if a.scored is None else a.scored
         cached = table_lookup(state.table, ids).loss.to(scores)
         losses = torch.where(fresh, scores, cached)
-        table = table_update(state.table, ids, losses, a.epoch, mask=fresh)
+        table = table_record(state.table, ids, scores, a.epoch, mask=fresh)
         selection, hist = _cdf_select(state.history, losses, a.key, beta, sampling_min, reweight)
         return selection, StaleState(hist, table, state.max_age)
 
-    return make_policy(init, rule, needs_scoring)
+    def record(
+        state: StaleState, ids: torch.Tensor, losses: torch.Tensor, epoch: int | torch.Tensor
+    ) -> StaleState:
+        return state._replace(table=table_record(state.table, ids, losses, epoch))
+
+    return make_policy(init, rule, needs_scoring, record)

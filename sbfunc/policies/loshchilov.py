@@ -8,29 +8,45 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.policies.base import Policy, SelectArgs, check_ids, check_positive_int, make_policy
-from sbfunc.policies.tables import Device, LossTable, table_init, table_ranks, table_update
+from sbfunc.policies.tables import (
+    Device,
+    LossTable,
+    table_init,
+    table_needs,
+    table_ranks,
+    table_record,
+)
 from sbfunc.select import Selection, check_keep, gumbel_top_k, kept_count
 
 __all__ = ["loshchilov"]
 
 
 def loshchilov(
-    s_e: float = 100.0, keep: float = 0.5, *, num_ids: int, device: Device = None
+    s_e: float = 100.0,
+    keep: float = 0.5,
+    *,
+    num_ids: int,
+    max_age: int | None = None,
+    device: Device = None,
 ) -> Policy:
     """Rank-exponential selection over the latest known loss of every sample id.
 
-    At ``select`` the batch's scores are recorded in a per-id table; every id seen so far is
+    At ``select`` the batch's fresh scores (``scored``) are recorded in a per-id table (as
+    are losses given to ``record``, e.g. the training forward's); every id seen so far is
     ranked by its latest loss (rank ``r = 0`` for the highest of the ``M`` seen ids) and row
     ``i`` of the batch gets weight ``s_e ** (-r_i / (M - 1))``, so the top-ranked sample is
     ``s_e`` times likelier than the bottom one. ``max(1, floor(keep*N))`` rows are drawn without
     replacement in proportion to these weights (Gumbel-top-k). ``weights=None`` (biased on
-    purpose). Needs ``ids``.
+    purpose). Only ids never recorded, or recorded ``max_age`` epochs ago or more, need a
+    fresh score (``score_rows``): the paper ranks by the latest *known* loss. Needs ``ids``.
 
     Args:
         s_e: selection pressure, the top-to-bottom probability ratio, a float >= 1
             (1 is uniform).
         keep: fraction kept, in (0, 1].
         num_ids: the number of sample ids (the dataset size).
+        max_age: refresh a recorded loss this many epochs old (``None``: never; the
+            training forward's losses keep it fresh).
         device: where the state lives (the scores' device).
 
     Raises:
@@ -55,6 +71,8 @@ def loshchilov(
         raise ValueError(f"s_e must be a finite float >= 1, got {s_e!r}")
     keep = check_keep(keep)
     check_positive_int(num_ids, "num_ids")
+    if max_age is not None:
+        check_positive_int(max_age, "max_age")
     log_s_e = math.log(s_e)
 
     def init() -> LossTable:
@@ -63,11 +81,16 @@ def loshchilov(
     def rule(scores: torch.Tensor, state: LossTable, a: SelectArgs) -> tuple[Selection, LossTable]:
         n = scores.shape[0]
         ids = check_ids(a.ids, n, "loshchilov")
-        table = table_update(state, ids, scores, a.epoch)
+        table = table_record(state, ids, scores, a.epoch, mask=a.scored)
         rank, seen = table_ranks(table, ids)
         span = (seen - 1).clamp_min(1).to(scores)
         log_w = (-log_s_e * rank.to(scores) / span).to(scores.device)
         gumbel = sbrandom.gumbel(a.key, (n,), device=scores.device, dtype=scores.dtype)
         return Selection(gumbel_top_k(log_w, kept_count(n, keep), gumbel)), table
 
-    return make_policy(init, rule)
+    def score_rows(
+        state: LossTable, ids: torch.Tensor | None, epoch: int | torch.Tensor
+    ) -> torch.Tensor:
+        return table_needs(state, ids, epoch, max_age)
+
+    return make_policy(init, rule, score_rows, table_record)

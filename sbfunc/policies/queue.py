@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import optree
 import torch
+import torch.utils._pytree as torch_pytree
 
 from sbfunc.batch import batch_size, take
 from sbfunc.policies.base import check_positive_int
@@ -83,7 +83,7 @@ def enqueue(queue: Queue, rows: Any) -> Queue:
             return torch.cat([old, new.to(old.device)])
         return old
 
-    return Queue(optree.tree_map(cat, queue.rows, rows))
+    return Queue(torch_pytree.tree_map(cat, queue.rows, rows))
 
 
 def dequeue(queue: Queue, b: int) -> tuple[Any | None, Queue]:

@@ -16,7 +16,9 @@ __all__ = [
     "history_push",
     "table_init",
     "table_lookup",
+    "table_needs",
     "table_ranks",
+    "table_record",
     "table_update",
 ]
 
@@ -211,3 +213,52 @@ def table_ranks(table: LossTable, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     mine = table_lookup(table, ids).loss
     higher = ordered.shape[0] - torch.searchsorted(ordered, mine, right=True)
     return higher, seen.sum()
+
+
+def table_needs(
+    table: LossTable, ids: torch.Tensor | None, epoch: int | torch.Tensor, max_age: int | None
+) -> torch.Tensor:
+    """The ids whose loss must be computed: never recorded, or (with ``max_age``) recorded at
+    least ``max_age`` epochs ago.
+
+    Example:
+        >>> from sbfunc.policies import table_init, table_needs, table_update
+        >>> t = table_update(table_init(3), torch.tensor([0, 1]), torch.tensor([1.0, 2.0]), 0)
+        >>> table_needs(t, torch.tensor([0, 2]), 3, None), table_needs(t, torch.tensor([0]), 3, 2)
+        (tensor([False,  True]), tensor([True]))
+
+    Raises:
+        ValueError: if ``ids`` is ``None``.
+
+    References:
+        Jiang et al. 2019 (Stale-SB's stale losses); Loshchilov & Hutter 2015.
+    """
+    if ids is None:
+        raise ValueError("a per-id policy needs sample ids: pass ids=<int64 Tensor[N]>")
+    cached = table_lookup(table, ids).epoch
+    needs = cached < 0
+    if max_age is not None:
+        needs = needs | (epoch - cached >= max_age)
+    return needs
+
+
+def table_record(
+    table: LossTable,
+    ids: torch.Tensor,
+    losses: torch.Tensor,
+    epoch: int | torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> LossTable:
+    """:func:`table_update` of the finite ``losses`` only (and only where ``mask``): a NaN or
+    infinite loss never enters a table.
+
+    Example:
+        >>> from sbfunc.policies import table_init, table_record
+        >>> table_record(table_init(2), torch.tensor([0, 1]), torch.tensor([1.0, float("nan")]), 0)
+        LossTable(loss=tensor([1., 0.]), epoch=tensor([ 0, -1]))
+
+    References:
+        optax ``apply_if_finite`` (non-finite values never reach the state).
+    """
+    finite = torch.isfinite(losses)
+    return table_update(table, ids, losses, epoch, mask=finite if mask is None else mask & finite)

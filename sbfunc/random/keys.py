@@ -210,4 +210,10 @@ def fold_in(k: Key, data: int | torch.Tensor) -> Key:
         return torch.tensor(
             block(w0, w1, (data >> 32) & MASK, data & MASK), dtype=torch.int64, device=k.device
         )
-    return _derive(k, (data >> 32) & MASK, data & MASK)
+    # As an int64 tensor: an int that became symbolic in a compiled graph (it crossed a
+    # graph break) must stay in integer tensor arithmetic, never mix into it as a scalar.
+    if not isinstance(data, torch.SymInt):  # a static int: reduce mod 2**64 to signed int64
+        data &= (1 << 64) - 1
+        data = data - (1 << 64) if data >= 1 << 63 else data
+    d = torch.full((), data, dtype=torch.int64, device=k.device)
+    return _derive(k, (d >> 32) & MASK, d & MASK)

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from sbfunc.batch import Field, extract, replace
+from sbfunc.batch import Field, extract, replace, take
 
-__all__ = ["check_scale_factor", "downsample", "downsample_batch"]
+__all__ = [
+    "check_downsampled_scoring",
+    "check_scale_factor",
+    "downsample",
+    "downsample_batch",
+]
 
 _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
 
@@ -52,6 +58,13 @@ def downsample(x: torch.Tensor, scale_factor: float) -> torch.Tensor:
             f"downsampling (scale_factor={scale_factor}) needs a 3-D, 4-D or 5-D input "
             f"[N, C, *spatial]; got shape {tuple(x.shape)}"
         )
+    spatial = tuple(x.shape[2:])
+    if min(math.floor(size * scale_factor) for size in spatial) < 1:
+        raise ValueError(
+            f"scale_factor={scale_factor} shrinks the spatial size {spatial} to nothing; "
+            f"use scale_factor >= {1 / min(spatial):.4g} (one element along the smallest "
+            "dimension)"
+        )
     return F.interpolate(
         x,
         scale_factor=scale_factor,
@@ -77,3 +90,64 @@ def downsample_batch(batch: Any, scale_factor: float, *, input: Field = 0) -> An
             "downsampling needs input to be an int or str field of the batch, not a callable"
         )
     return replace(batch, input, downsample(extract(batch, input, "input"), scale_factor))
+
+
+def check_downsampled_scoring(
+    loss_fn: Callable[..., torch.Tensor],
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    batch: Any,
+    scale_factor: float,
+    *,
+    input: Field = 0,
+) -> None:
+    """Check, on one row, that ``loss_fn`` accepts the batch with its ``input`` downsampled
+    by ``scale_factor``; raise a ``ValueError`` that says which factors work if it does not.
+
+    A model whose head expects a fixed input size (a ``Linear`` after ``Flatten``) accepts no
+    factor but 1; one with adaptive or global pooling accepts most. ``SelectiveBackprop``
+    calls this once per input shape, on the host, before its first downsampled scoring.
+
+    Raises:
+        ValueError: naming the shapes, torch's error, and the factors among 3/4, 1/2 and 1/4
+            that work (or saying that only 1 does and why).
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(8, 2))
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> batch = (torch.randn(4, 1, 8), torch.zeros(4, dtype=torch.long))
+        >>> sbfunc.score.check_downsampled_scoring(loss_fn, params, buffers, batch, 0.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: scoring with scale_factor=0.5 ...only scale_factor=1 works...
+
+    References:
+        MosaicML Composer ``select_using_loss`` (``scale_factor`` downsampling).
+    """
+
+    def runs(factor: float) -> str | None:
+        one = take(batch, torch.zeros(1, dtype=torch.int64))
+        try:
+            with torch.no_grad():
+                loss_fn(params, buffers, downsample_batch(one, factor, input=input))
+        except (RuntimeError, ValueError) as err:
+            return str(err).splitlines()[0]
+        return None
+
+    failure = runs(scale_factor)
+    if failure is None:
+        return
+    shape = tuple(extract(batch, input, "input").shape[1:])
+    working = [f for f in (0.75, 0.5, 0.25) if f != scale_factor and runs(f) is None]
+    advice = (
+        f"scale_factors that work: {', '.join(map(str, working))} (and 1)"
+        if working
+        else "only scale_factor=1 works: the model needs inputs of the training size (e.g. a "
+        "Linear layer after Flatten); score at full size, or give the model adaptive/global "
+        "pooling"
+    )
+    raise ValueError(
+        f"scoring with scale_factor={scale_factor} (inputs {shape} downsampled) fails in the "
+        f"model: {failure}; {advice}"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ def score_losses(
     *,
     scale_factor: float = 1.0,
     input: Field = 0,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Per-sample losses of a whole batch, computed without building a graph.
 
@@ -40,6 +42,8 @@ def score_losses(
         batch: any pytree batch.
         scale_factor: spatial scale of the scoring input, in (0, 1].
         input: where the input sits in the batch (only used when ``scale_factor != 1``).
+        dtype: run the forward under ``torch.autocast`` with this dtype (e.g.
+            ``torch.bfloat16``) on the batch's device; the scores come back as ``float32``.
 
     Returns:
         A detached ``Tensor[N]`` on the batch's device.
@@ -61,5 +65,10 @@ def score_losses(
     """
     n = batch_size(batch)
     scored = downsample_batch(batch, scale_factor, input=input)
-    with torch.no_grad():
-        return reduce_per_sample(loss_fn(params, buffers, scored), n).detach()
+    precision: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if dtype is not None:
+        device = next(iter(params.values())).device if params else torch.device("cpu")
+        precision = torch.autocast(device.type, dtype=dtype)
+    with torch.no_grad(), precision:
+        losses = reduce_per_sample(loss_fn(params, buffers, scored), n).detach()
+    return losses if dtype is None else losses.float()

@@ -80,7 +80,8 @@ _TENSOR = object()  # marks a tensor's place among the static leaves
 
 
 def _split(tree: Any) -> tuple[tuple[torch.Tensor, ...], _Static]:
-    leaves, spec = optree.tree_flatten(tree, none_is_leaf=True)
+    # torch's own pytree, not optree: the compiler traces it natively (optree breaks graphs).
+    leaves, spec = torch_pytree.tree_flatten(tree)
     tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
     static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
     return tensors, _Static((spec, static))
@@ -89,7 +90,7 @@ def _split(tree: Any) -> tuple[tuple[torch.Tensor, ...], _Static]:
 def _join(tensors: tuple[torch.Tensor, ...], static: _Static) -> Any:
     spec, leaves = static.value
     it = iter(tensors)
-    return optree.tree_unflatten(spec, [next(it) if x is _TENSOR else x for x in leaves])
+    return torch_pytree.tree_unflatten([next(it) if x is _TENSOR else x for x in leaves], spec)
 
 
 def tracing() -> bool:
@@ -165,7 +166,7 @@ def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
             return torch.where(finite, n, o)
         return n
 
-    return optree.tree_map(pick, new, old, none_is_leaf=True)
+    return torch_pytree.tree_map(pick, new, old)
 
 
 def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:

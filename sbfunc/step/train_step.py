@@ -39,7 +39,7 @@ from sbfunc.engine import (
     trace_labels,
 )
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
-from sbfunc.module import LossFn, ModuleLoss, Params
+from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
     all_finite,
@@ -122,13 +122,6 @@ class _Out(NamedTuple):
     samples_backpropagated: int
     skipped: torch.Tensor
     updates_skipped: torch.Tensor
-
-
-def _has_random_modules(module: nn.Module) -> bool:
-    return any(
-        isinstance(m, nn.modules.dropout._DropoutNd | nn.MultiheadAttention)
-        for m in module.modules()
-    )
 
 
 class TrainStep(nn.Module):
@@ -438,6 +431,12 @@ def make_train_step(
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if type(optimizer).__module__.split(".")[0] == "torchopt":
+        raise TypeError(
+            "torchopt optimizers are not supported (their update returns deltas and they do not "
+            "compile); use the same optimizer from sbfunc.optim, e.g. sbfunc.optim.adam(1e-3), "
+            "whose update equals torch.optim's"
+        )
     if not (
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):
@@ -452,7 +451,7 @@ def make_train_step(
     if nonfinite not in ("skip", "raise", "allow"):
         raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
     if keyed_model is None:
-        keyed_model = isinstance(loss_fn, ModuleLoss) and _has_random_modules(loss_fn.module)
+        keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
     return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model)

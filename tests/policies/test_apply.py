@@ -43,18 +43,21 @@ def test_score_needed_forwards_only_rows_that_need_it():
     calls = []
     score_fn = _recording(calls)
     state = policy.init()
-    scores, forwarded = score_needed(policy, state, batch, ids, 0, score_fn)
-    assert forwarded == 4 and scores.tolist() == [0.0, 10.0, 20.0, 30.0]
-    _, state = policy.select(scores, state, key=sbrandom.key(0), ids=ids, epoch=0)
+    scores, scored, forwarded = score_needed(policy, state, batch, ids, 0, score_fn)
+    assert forwarded == 4 and scores.tolist() == [0.0, 10.0, 20.0, 30.0] and scored.all()
+    _, state = policy.select(scores, state, key=sbrandom.key(0), ids=ids, epoch=0, scored=scored)
     ids2 = torch.tensor([1, 4, 3, 5])
-    scores, forwarded = score_needed(policy, state, batch, ids2, 1, score_fn)
+    scores, scored, forwarded = score_needed(policy, state, batch, ids2, 1, score_fn)
     assert forwarded == 2 and calls == [4, 2]
-    assert torch.isnan(scores[[0, 2]]).all() and scores[[1, 3]].tolist() == [10.0, 30.0]
-    assert needs_scoring(state, ids2, 1).tolist() == [False, True, False, True]
-    scores, forwarded = score_needed(policy, state, batch[:2], ids[:2], 1, score_fn)
-    assert forwarded == 0 and calls == [4, 2] and torch.isnan(scores).all()
+    assert scored.tolist() == [False, True, False, True] and scores[[1, 3]].tolist() == [
+        10.0,
+        30.0,
+    ]
+    assert needs_scoring(state, ids2, 1).tolist() == scored.tolist()
+    scores, scored, forwarded = score_needed(policy, state, batch[:2], ids[:2], 1, score_fn)
+    assert forwarded == 0 and calls == [4, 2] and not scored.any()
     # the epoch may come as a 0-d tensor (what a compiled step passes)
-    scores, forwarded = score_needed(policy, state, batch, ids2, torch.tensor(1), score_fn)
+    scores, scored, forwarded = score_needed(policy, state, batch, ids2, torch.tensor(1), score_fn)
     assert forwarded == 2 and scores[[1, 3]].tolist() == [10.0, 30.0]
     with pytest.raises(ValueError, match="needs sample ids"):
         score_needed(policy, state, batch, None, 1, score_fn)
@@ -64,7 +67,8 @@ def test_score_needed_scores_every_row_for_policies_that_read_them_all():
     policy = jiang_cdf(1.0)
     assert policy.score_rows is None
     calls = []
-    scores, forwarded = score_needed(
+    scores, scored, forwarded = score_needed(
         policy, policy.init(), torch.arange(3.0), None, 5, _recording(calls)
     )
+    assert scored is None
     assert forwarded == 3 and calls == [3] and scores.tolist() == [0.0, 10.0, 20.0]

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -67,19 +68,33 @@ def test_needs_scoring_follows_the_age_of_the_cached_loss():
     assert needs_scoring(state, both, 5).tolist() == [True, True, True, True]
 
 
-def test_stale_rows_use_their_cached_loss_and_ignore_scores():
+def test_rows_not_scored_use_their_cached_loss_and_ignore_scores():
     policy = stale_sb(2.0, num_ids=8, max_age=3, history=16)
     ids = torch.tensor([5, 2, 7, 0])
     fresh = torch.tensor([1.0, 4.0, 2.0, 3.0])
     _, state = policy.select(fresh, policy.init(), key=sbrandom.key(0), ids=ids, epoch=0)
     assert state.table.loss[ids].tolist() == fresh.tolist()
     assert state.table.epoch[ids].tolist() == [0, 0, 0, 0]
-    key = sbrandom.key(1)
-    with_nan, s1 = policy.select(torch.full((4,), float("nan")), state, key=key, ids=ids, epoch=1)
+    key, none = sbrandom.key(1), torch.zeros(4, dtype=torch.bool)
+    placeholder, s1 = policy.select(torch.zeros(4), state, key=key, ids=ids, epoch=1, scored=none)
     with_cache, s2 = policy.select(fresh, state, key=key, ids=ids, epoch=1)
-    assert torch.equal(with_nan.indices, with_cache.indices)
+    assert torch.equal(placeholder.indices, with_cache.indices)
     assert torch.equal(s1.history.values, s2.history.values)
     assert s1.table.epoch[ids].tolist() == [0, 0, 0, 0]  # cached entries keep their epoch
+
+
+def test_record_caches_losses_so_they_need_no_scoring():
+    policy = stale_sb(1.0, num_ids=4, max_age=2)
+    state = policy.record(policy.init(), torch.tensor([1, 2]), torch.tensor([0.5, 0.7]), 3)
+    assert needs_scoring(state, torch.tensor([0, 1, 2, 3]), 4).tolist() == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert state.table.loss[[1, 2]].tolist() == pytest.approx([0.5, 0.7])
+    nan = policy.record(state, torch.tensor([1]), torch.tensor([float("nan")]), 4)
+    assert nan.table.loss[1] == state.table.loss[1]  # a non-finite loss is never recorded
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, database=None)

@@ -311,3 +311,10 @@ def test_make_train_step_validation():
         sbfunc.make_train_step(3, sbfunc.optim.sgd(0.1))
     with pytest.raises(TypeError, match=r"algorithms\[0\] must be an sbfunc\.Algorithm"):
         sbfunc.make_train_step(lambda p, b, x: x, sbfunc.optim.sgd(0.1), [lambda s: s])
+
+
+def test_torchopt_optimizers_are_refused_with_advice():
+    torchopt = pytest.importorskip("torchopt")
+    loss_fn = sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy)
+    with pytest.raises(TypeError, match=r"sbfunc\.optim\.adam"):
+        sbfunc.make_train_step(loss_fn, torchopt.adam(1e-3))
