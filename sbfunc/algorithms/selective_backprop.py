@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from sbfunc.policies import (
 )
 from sbfunc.score import check_scale_factor, score_losses
 from sbfunc.select import Selection, check_keep, rank_power
+
+if TYPE_CHECKING:
+    from sbfunc.distributed.scope import SelectionScope
 
 __all__ = ["SelectiveBackprop"]
 
@@ -76,6 +79,9 @@ class SelectiveBackprop(Algorithm):
             above); selections with weights cannot be queued and raise ``ValueError``.
         input: where the input sits in the batch (for downsampling).
         score_in_train_mode: see ``loss_fn``.
+        scope: under data parallelism, which rows one selection ranges over (see
+            :func:`sbfunc.distributed.selection_scope`); ``None``: this process's batch alone,
+            with no communication.
         name: the name in traces (and of its random stream).
 
     Example:
@@ -122,6 +128,7 @@ class SelectiveBackprop(Algorithm):
         refill: Any = None,
         input: Field = 0,
         score_in_train_mode: bool = False,
+        scope: SelectionScope | None = None,
         name: str | None = None,
     ) -> None:
         check_window(start, end, interrupt)
@@ -148,6 +155,12 @@ class SelectiveBackprop(Algorithm):
         self.ids, self.input = ids, input
         self.refill = None if refill is None else empty_queue(refill)  # validates the example
         self.refill_size = 0 if refill is None else batch_size(refill)
+        if scope is not None and not callable(getattr(scope, "prune", None)):
+            raise TypeError(
+                "scope must be a selection scope (sbfunc.distributed.selection_scope), got "
+                f"{scope!r}"
+            )
+        self.scope = scope
         if name is not None:
             self.name = name
 
@@ -179,7 +192,11 @@ class SelectiveBackprop(Algorithm):
         epoch: int | torch.Tensor = state.time.epoch if clock is None else clock.epoch
         elapsed: float | torch.Tensor = state.time.elapsed if clock is None else clock.elapsed
         policy_state, queue = (state.own, None) if self.refill is None else state.own
-        if self.policy is None:
+        if self.scope is not None:
+            batch, weights, policy_state, forwarded = self._scoped(
+                batch, score, policy_state, state.key, epoch, elapsed
+            )
+        elif self.policy is None:
             forwarded = batch_size(batch)
             selection = self.select(score(batch), self.keep, key=state.key)
             batch, weights = take(batch, selection.indices), selection.weights
@@ -207,6 +224,38 @@ class SelectiveBackprop(Algorithm):
             own=own,
             samples_scored=state.samples_scored + forwarded,
         )
+
+    def _scoped(
+        self,
+        batch: Any,
+        score: Callable[[Any], torch.Tensor],
+        policy_state: Any,
+        key: sbrandom.Key,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> tuple[Any, torch.Tensor | None, Any, int]:
+        """Score this process's rows, then let ``self.scope`` select and prune."""
+        ids = None if self.ids is None else extract(batch, self.ids, "ids")
+        if self.policy is None:
+            scores, forwarded = score(batch), batch_size(batch)
+        else:
+            scores, forwarded = score_needed(self.policy, policy_state, batch, ids, epoch, score)
+        policy = self.policy
+
+        def select(
+            scores: torch.Tensor, policy_state: Any, *, key: sbrandom.Key, ids: Any
+        ) -> tuple[Selection, Any]:
+            if policy is None:
+                return self.select(scores, self.keep, key=key), policy_state
+            return policy.select(
+                scores, policy_state, key=key, ids=ids, epoch=epoch, elapsed=elapsed
+            )
+
+        assert self.scope is not None
+        batch, weights, policy_state = self.scope.prune(
+            select, batch, scores, ids, policy_state, key=key
+        )
+        return batch, weights, policy_state, forwarded
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:
         if weights is not None:
