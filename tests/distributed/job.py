@@ -109,7 +109,37 @@ def compiled(comm: sbdist.Comm) -> dict[str, Any]:
     return {"eager": eager, "compiled": fast, "graph_breaks": dict(counters["graph_break"])}
 
 
+def nonfinite(comm: sbdist.Comm) -> dict[str, Any]:
+    """A NaN loss on rank 1 only: with ``nonfinite="skip"`` both ranks skip the update, with
+    ``"raise"`` both raise."""
+    net = common.model()
+    base = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+
+    def loss_fn(params, buffers, batch):
+        losses = base(params, buffers, batch)
+        return losses * float("nan") if comm.rank == 1 else losses
+
+    x, y = common.data()
+    batch = (x[comm.rank * 8 : comm.rank * 8 + 8], y[comm.rank * 8 : comm.rank * 8 + 8])
+    out: dict[str, Any] = {}
+    for mode in ("skip", "raise"):
+        step = sbdist.make_data_parallel_step(
+            loss_fn, sbfunc.optim.sgd(0.1), comm=comm, nonfinite=mode
+        )
+        state = step.init(*sbfunc.split_module(net, clone=True), key=common.KEY)
+        try:
+            new, metrics = step(state, batch)
+            out[mode] = (
+                bool(metrics.skipped),
+                torch.equal(new.params["0.weight"], state.params["0.weight"]),
+            )
+        except FloatingPointError as err:
+            out[mode] = str(err)
+    return out
+
+
 CHECKS = {
+    "nonfinite": lambda comm, out: nonfinite(comm),
     "scenarios": lambda comm, out: scenario_runs(comm),
     "traffic": lambda comm, out: traffic(comm),
     "resume": resume,

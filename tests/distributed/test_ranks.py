@@ -17,7 +17,7 @@ TIMEOUT_S = 300  # the checks take seconds; this only stops a hung run
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
-    return job.launch(["scenarios", "traffic", "resume"], out, timeout_s=TIMEOUT_S)
+    return job.launch(["scenarios", "traffic", "resume", "nonfinite"], out, timeout_s=TIMEOUT_S)
 
 
 def _leaves(tree):
@@ -105,3 +105,9 @@ def test_resume_is_bit_for_bit_on_every_rank(ranks):
     queues = [r["resume"]["half"].algorithm_state[0][1].rows[0].shape[0] for r in ranks]
     times = [r["resume"]["full"].time.samples_backpropagated for r in ranks]
     assert len(set(queues)) > 1 or len(set(times)) > 1  # the ranks' local parts do differ
+
+
+def test_a_non_finite_loss_on_one_rank_skips_or_raises_on_every_rank(ranks):
+    for results in ranks:
+        assert results["nonfinite"]["skip"] == (True, True)  # skipped, parameters unchanged
+        assert "not finite on some rank" in results["nonfinite"]["raise"]
