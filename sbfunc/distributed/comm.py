@@ -91,10 +91,14 @@ class Comm:
         if meter is not None and not isinstance(meter, TrafficMeter):
             raise TypeError(f"meter must be an sbfunc.distributed.TrafficMeter, got {meter!r}")
         self.meter = meter
+        self.device: torch.device | None = None
         if dist.is_available() and dist.is_initialized():
             self.group = dist.group.WORLD if group is None else group
             self.rank = dist.get_rank(self.group)
             self.world = dist.get_world_size(self.group)
+            if self.rank < 0:
+                raise ValueError("this process is not a member of group")
+            self.device = _wire_device(dist.get_backend(self.group))
         elif group is not None:
             raise ValueError(
                 "group was given but torch.distributed is not initialised; call "
@@ -109,6 +113,11 @@ class Comm:
     def _record(self, purpose: str, payload: int, received: int) -> None:
         if self.meter is not None and not tracing():
             self.meter.record(purpose, payload=payload, received=received)
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` on the device the backend communicates from (NCCL: the current GPU; gloo:
+        the CPU), contiguous."""
+        return (t if self.device is None else t.to(self.device)).contiguous()
 
     def all_reduce_sum(
         self,
@@ -126,14 +135,16 @@ class Comm:
         groups = buckets(tensors, bucket_bytes)
         flats = [_flat(tensors, b) * scale for b in groups]
         if self.world > 1:
+            wire = [self._wire(f) for f in flats]
             if tracing():
-                flats = [_fc().all_reduce(f, "sum", self.group) for f in flats]
+                wire = [_fc().all_reduce(f, "sum", self.group) for f in wire]
             else:
-                works = [dist.all_reduce(f, group=self.group, async_op=True) for f in flats]
+                works = [dist.all_reduce(f, group=self.group, async_op=True) for f in wire]
                 for w in works:
                     w.wait()
-            for f in flats:
+            for f in wire:
                 self._record(purpose, nbytes(f), 2 * (self.world - 1) * nbytes(f) // self.world)
+            flats = [w.to(f.device) for w, f in zip(wire, flats, strict=True)]
         return _unflat(flats, groups, tensors)
 
     def broadcast(
@@ -148,13 +159,15 @@ class Comm:
         groups = buckets(tensors, bucket_bytes)
         flats = [_flat(tensors, b).clone() for b in groups]
         if self.world > 1:
-            if tracing():
-                flats = [_fc().broadcast(f, 0, self.group) for f in flats]
+            wire = [self._wire(f) for f in flats]
+            if tracing():  # rank 0's block of an all-gather: exact, and group-rank based
+                wire = [_fc().all_gather_tensor(f, 0, self.group)[: f.numel()] for f in wire]
             else:
-                for f in flats:
+                for f in wire:
                     dist.broadcast(f, group=self.group, group_src=0)
-            for f in flats:
+            for f in wire:
                 self._record(purpose, nbytes(f), 0 if self.rank == 0 else nbytes(f))
+            flats = [w.to(f.device) for w, f in zip(wire, flats, strict=True)]
         return _unflat(flats, groups, tensors)
 
     def all_gather(self, tensor: torch.Tensor, *, purpose: str = "gather") -> torch.Tensor:
@@ -162,14 +175,15 @@ class Comm:
         pass the same shape."""
         if self.world == 1:
             return tensor.clone()
+        wire = self._wire(tensor)
         if tracing():
-            out = _fc().all_gather_tensor(tensor.contiguous(), 0, self.group)
+            out = _fc().all_gather_tensor(wire, 0, self.group)
         else:
-            out = tensor.new_empty((self.world * tensor.shape[0], *tensor.shape[1:]))
+            out = wire.new_empty((self.world * wire.shape[0], *wire.shape[1:]))
             gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            gather(out, tensor.contiguous(), group=self.group)
-        self._record(purpose, nbytes(tensor), (self.world - 1) * nbytes(tensor))
-        return out
+            gather(out, wire, group=self.group)
+        self._record(purpose, nbytes(wire), (self.world - 1) * nbytes(wire))
+        return out.to(tensor.device)
 
     def all_to_all(
         self,
@@ -184,15 +198,23 @@ class Comm:
         if self.world == 1:
             return tensor.clone()
         send, receive = [int(s) for s in send], [int(r) for r in receive]
+        wire = self._wire(tensor)
         if tracing():
-            out = _fc().all_to_all_single(tensor.contiguous(), receive, send, self.group)
+            out = _fc().all_to_all_single(wire, receive, send, self.group)
         else:
-            out = tensor.new_empty((sum(receive), *tensor.shape[1:]))
-            dist.all_to_all_single(out, tensor.contiguous(), receive, send, group=self.group)
-        row = nbytes(tensor[:1]) if tensor.shape[0] else nbytes(out[:1])
-        others = sum(receive) - receive[self.rank]
-        self._record(purpose, nbytes(tensor), others * row)
-        return out
+            out = wire.new_empty((sum(receive), *wire.shape[1:]))
+            dist.all_to_all_single(out, wire, receive, send, group=self.group)
+        row = nbytes(wire[:1]) if wire.shape[0] else nbytes(out[:1])
+        self._record(purpose, nbytes(wire), (sum(receive) - receive[self.rank]) * row)
+        return out.to(tensor.device)
+
+
+def _wire_device(backend: str) -> torch.device | None:
+    """Where tensors must be for ``backend``: NCCL the current GPU, gloo the CPU (always
+    supported), any other the tensor's own device."""
+    if "nccl" in backend and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu") if backend == "gloo" else None
 
 
 def _fc() -> Any:
