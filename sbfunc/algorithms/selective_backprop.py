@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from sbfunc.policies import (
 )
 from sbfunc.score import check_downsampled_scoring, check_scale_factor, score_losses
 from sbfunc.select import Selection, check_keep, rank_power
+
+if TYPE_CHECKING:
+    from sbfunc.distributed.scope import SelectionScope
 
 __all__ = ["SelectiveBackprop"]
 
@@ -98,6 +101,9 @@ class SelectiveBackprop(Algorithm):
             (``torch.bfloat16`` on CPU; ``torch.float16`` or ``torch.bfloat16`` on CUDA):
             cheaper scores whose ranking agrees closely with full precision (measured in
             ``benchmarks/scoring.py``). ``None``: the model's own precision.
+        scope: under data parallelism, which rows one selection ranges over (see
+            :func:`sbfunc.distributed.selection_scope`); ``None``: this process's batch alone,
+            with no communication.
         name: the name in traces (and of its random stream).
 
     Example:
@@ -146,6 +152,7 @@ class SelectiveBackprop(Algorithm):
         score_in_train_mode: bool = False,
         reuse_losses: bool | None = None,
         score_dtype: torch.dtype | None = None,
+        scope: SelectionScope | None = None,
         name: str | None = None,
     ) -> None:
         check_window(start, end, interrupt)
@@ -165,7 +172,7 @@ class SelectiveBackprop(Algorithm):
         )
         if isinstance(loss_fn, ModuleLoss) and not score_in_train_mode:
             loss_fn = loss_fn.with_train(False)
-        can_record = policy is not None and policy.record is not None
+        can_record = policy is not None and policy.record is not None and scope is None
         if reuse_losses is None:
             reuse_losses = can_record and same_losses
         elif not isinstance(reuse_losses, bool):
@@ -173,7 +180,8 @@ class SelectiveBackprop(Algorithm):
         elif reuse_losses and not can_record:
             raise ValueError(
                 "reuse_losses=True needs a policy that records losses (Policy.record: stale_sb,"
-                " loshchilov, infobatch)"
+                " loshchilov, infobatch) and no scope (a rank's training losses would make the "
+                "per-id tables differ across ranks)"
             )
         if reuse_losses and ids is None:
             raise ValueError("reuse_losses needs the batch field `ids` (per-id losses)")
@@ -203,6 +211,12 @@ class SelectiveBackprop(Algorithm):
         self.ids, self.input = ids, input
         self.refill = None if refill is None else empty_queue(refill)  # validates the example
         self.refill_size = 0 if refill is None else batch_size(refill)
+        if scope is not None and not callable(getattr(scope, "prune", None)):
+            raise TypeError(
+                "scope must be a selection scope (sbfunc.distributed.selection_scope), got "
+                f"{scope!r}"
+            )
+        self.scope = scope
         if name is not None:
             self.name = name
 
@@ -259,7 +273,11 @@ class SelectiveBackprop(Algorithm):
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
         elapsed: float | torch.Tensor = state.time.elapsed if clock is None else clock.elapsed
-        if self.policy is None:
+        if self.scope is not None:
+            batch, weights, policy_state, forwarded = self._scoped(
+                batch, score, policy_state, state.key, epoch, elapsed
+            )
+        elif self.policy is None:
             forwarded = batch_size(batch)
             selection = self.select(score(batch), self.keep, key=state.key)
             batch, weights = take(batch, selection.indices), selection.weights
@@ -290,6 +308,36 @@ class SelectiveBackprop(Algorithm):
             own=own,
             samples_scored=state.samples_scored + forwarded,
         )
+
+    def _scoped(
+        self,
+        batch: Any,
+        score: Callable[[Any], torch.Tensor],
+        policy_state: Any,
+        key: sbrandom.Key,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> tuple[Any, torch.Tensor | None, Any, int]:
+        """Score this process's rows, then let ``self.scope`` select and prune."""
+        ids = None if self.ids is None else extract(batch, self.ids, "ids")
+        # Every row is scored: the fresh-row mask of Policy.score_rows is not gathered.
+        scores, forwarded = score(batch), batch_size(batch)
+        policy = self.policy
+
+        def select(
+            scores: torch.Tensor, policy_state: Any, *, key: sbrandom.Key, ids: Any
+        ) -> tuple[Selection, Any]:
+            if policy is None:
+                return self.select(scores, self.keep, key=key), policy_state
+            return policy.select(
+                scores, policy_state, key=key, ids=ids, epoch=epoch, elapsed=elapsed
+            )
+
+        assert self.scope is not None
+        batch, weights, policy_state = self.scope.prune(
+            select, batch, scores, ids, policy_state, key=key
+        )
+        return batch, weights, policy_state, forwarded
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:
         if weights is not None:

@@ -256,7 +256,7 @@ class TrainStep(nn.Module):
         skipped_so_far = state.time.updates_skipped
         if skipped_so_far is None:
             skipped_so_far = torch.zeros((), dtype=torch.int64, device=state.key.device)
-        if batch_size(run.batch) == 0:  # every row left (refill queues them): no update
+        if batch_size(run.batch) == 0 and not self.data_parallel:  # every row left: no update
             if run.clock is not None:
                 run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
             run = self._fire(plan, Event.BATCH_END, run)
@@ -267,13 +267,17 @@ class TrainStep(nn.Module):
         n_bwd = batch_size(run.batch)
         run = self._fire(plan, Event.AFTER_LOSS, run)
         run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
         run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
         grads = grads if run.grads is None else run.grads
         params, opt_state = self.optimizer.update(grads, run.opt_state, run.params)
-        if self.nonfinite == "allow":
+        checked = None if self.nonfinite == "allow" else all_finite(loss, grads)
+        if apply is not None:
+            checked = apply if checked is None else checked & apply
+        if checked is None:
             finite = torch.ones((), dtype=torch.bool, device=loss.device)
         else:
-            finite = all_finite(loss, grads)
+            finite = checked
             if finite.device.type == "cpu" and not tracing():
                 # Eagerly on the CPU the flag is a host value already (no device to sync):
                 # branch instead of one torch.where per tensor.
@@ -291,6 +295,22 @@ class TrainStep(nn.Module):
         run = self._fire(plan, Event.BATCH_END, run)
         return run, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long())
 
+    # Hooks for data parallelism (sbfunc.distributed.DataParallelStep overrides them).
+    data_parallel: bool = False
+    """Whether a batch left with zero rows still makes the step (another rank may have rows)."""
+
+    def model_key(self, step_key: torch.Tensor) -> torch.Tensor:
+        """The key the model's random operations (dropout) draw from in this step."""
+        return sbrandom.fold_in(step_key, _MODEL_STREAM)
+
+    def synchronize(
+        self, run: Run, grads: Params, loss: torch.Tensor, rows: int
+    ) -> tuple[Run, Params, torch.Tensor, torch.Tensor | None]:
+        """Combine ``grads`` and ``loss`` (of this process's ``rows`` rows) with the other
+        processes' before ``AFTER_BACKWARD``; the identity here. The last value, a 0-d bool
+        tensor or ``None``, says whether to apply the update (``None``: decide as usual)."""
+        return run, grads, loss, None
+
     def _loss_and_grads(self, plan: StepPlan, run: Run) -> tuple[Run, Params, torch.Tensor]:
         loss_fn = self.loss_fn
         staged = isinstance(loss_fn, ModuleLoss)
@@ -298,7 +318,7 @@ class TrainStep(nn.Module):
         model_key = None
         if self.keyed_model:
             assert run.step_key is not None
-            model_key = sbrandom.fold_in(run.step_key, _MODEL_STREAM)
+            model_key = self.model_key(run.step_key)
 
         def randomness() -> contextlib.AbstractContextManager[Any]:
             return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)

@@ -1,0 +1,66 @@
+"""Data-parallel training on ``torch.distributed``: the step, selection across ranks, keys,
+sharded data and checkpoints (see ``docs/how-to/distributed.md``).
+
+* :func:`make_data_parallel_step`: :func:`sbfunc.make_train_step` whose gradient and loss are
+  the mean over all ranks' kept rows (a bucketed all-reduce, eager or compiled).
+* :func:`selection_scope`: ``SelectiveBackprop(scope=...)`` selecting per rank (``"local"``)
+  or over the global batch (``"global"``), optionally rebalancing kept rows across ranks.
+* :func:`per_rank`: an algorithm drawing from its own stream on every rank (augmentations).
+* :func:`shard_ids`, :func:`sharded_batches`: each rank's slice of a keyed permutation.
+* :func:`save`, :func:`load`: one checkpoint per run, resumed bit for bit.
+* :class:`Comm`, :class:`TrafficMeter` and the ``*_traffic`` predictions: the bytes moved.
+
+Everything works without an initialised process group, as a world of one.
+"""
+
+from sbfunc.distributed.balance import ExchangePlan, balanced_counts, exchange_plan
+from sbfunc.distributed.checkpoint import (
+    RankLocal,
+    join_state,
+    load,
+    replica_mismatches,
+    save,
+    split_state,
+)
+from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
+from sbfunc.distributed.data import shard_ids, sharded_batches
+from sbfunc.distributed.keys import per_rank, rank_key
+from sbfunc.distributed.meter import Traffic, TrafficMeter
+from sbfunc.distributed.packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
+from sbfunc.distributed.scope import ScopedSelect, SelectionScope, selection_scope
+from sbfunc.distributed.step import BufferSync, DataParallelStep, make_data_parallel_step
+from sbfunc.distributed.traffic import gather_traffic, gradient_traffic, rebalance_traffic
+
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "BufferSync",
+    "Comm",
+    "DataParallelStep",
+    "ExchangePlan",
+    "RankLocal",
+    "RowLayout",
+    "ScopedSelect",
+    "SelectionScope",
+    "Traffic",
+    "TrafficMeter",
+    "balanced_counts",
+    "batch_rows",
+    "exchange_plan",
+    "gather_traffic",
+    "gradient_traffic",
+    "join_state",
+    "load",
+    "make_data_parallel_step",
+    "pack_rows",
+    "per_rank",
+    "rank_key",
+    "rebalance_traffic",
+    "replica_mismatches",
+    "save",
+    "selection_scope",
+    "shard_ids",
+    "sharded_batches",
+    "split_state",
+    "unpack_rows",
+    "with_rows",
+]

@@ -1,0 +1,182 @@
+"""The runs the distributed tests compare: the same training on ``WORLD`` gloo ranks (in
+spawned processes, see ``job.py``) and in one process on the concatenated batches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import optree
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import sbfunc
+from sbfunc import distributed as sbdist
+from sbfunc import random as sbrandom
+from sbfunc.policies import Policy
+from sbfunc.select import Selection
+
+WORLD, N, BATCH, EPOCHS = 2, 48, 8, 2  # 3 steps per epoch of 16 global rows
+KEY = sbrandom.key(11)
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    x = sbrandom.normal(sbrandom.fold_in(KEY, 1), (N, 6))
+    y = (x[:, :3].sum(1) > 0).long() + (x[:, 0] > 0.5).long()
+    return x, y
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def first_half(scores: torch.Tensor, keep: float, *, key: Any) -> Selection:
+    """A selection that keeps the first half of the rows: under a global scope every kept row
+    sits on rank 0 and rank 1 backpropagates none."""
+    return Selection(torch.arange(scores.shape[0] // 2, device=scores.device))
+
+
+class Scenario(NamedTuple):
+    kind: str  # "global" or "local"
+    rebalance: bool
+    policy: Callable[[], Policy] | None = None
+    select: Callable[..., Selection] | None = None
+
+
+SCENARIOS = {
+    "global_rank_power": Scenario("global", False),
+    "global_infobatch": Scenario(
+        "global", False, lambda: sbfunc.policies.infobatch(0.5, num_ids=N)
+    ),
+    "global_jiang_rebalance": Scenario(
+        "global", True, lambda: sbfunc.policies.jiang_cdf(1.0, history=32, reweight=True)
+    ),
+    "global_empty_rank": Scenario("global", False, select=first_half),
+    "global_empty_rank_rebalance": Scenario("global", True, select=first_half),
+    "local_rank_power": Scenario("local", False),
+    "local_stale_sb": Scenario(
+        "local", False, lambda: sbfunc.policies.stale_sb(1.0, num_ids=N, max_age=2, history=32)
+    ),
+    "local_jiang_rebalance": Scenario(
+        "local", True, lambda: sbfunc.policies.jiang_cdf(2.0, history=32)
+    ),
+}
+
+
+def local_select(select: Callable[..., Selection], world: int) -> Callable[..., Selection]:
+    """One process's stand-in for a local scope over a stateless rule: the rule applied to each
+    rank's part of the concatenated batch with ``fold_in(key, rank)``."""
+
+    def emulated(scores: torch.Tensor, keep: float, *, key: Any) -> Selection:
+        n = scores.shape[0] // world
+        parts = [
+            select(scores[r * n : (r + 1) * n], keep, key=sbrandom.fold_in(key, r))
+            for r in range(world)
+        ]
+        return _concat(parts, n)
+
+    return emulated
+
+
+def local_policy(policy: Policy, world: int) -> Policy:
+    """One process's stand-in for a local scope over a policy: the ranks' parts replayed in
+    rank order, each with ``fold_in(key, rank)``."""
+
+    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0):
+        n, parts = scores.shape[0] // world, []
+        for r in range(world):
+            part = slice(r * n, (r + 1) * n)
+            sel, state = policy.select(
+                scores[part],
+                state,
+                key=sbrandom.fold_in(key, r),
+                ids=None if ids is None else ids[part],
+                epoch=epoch,
+                elapsed=elapsed,
+            )
+            parts.append(sel)
+        return _concat(parts, n), state
+
+    return Policy(policy.init, select, policy.score_rows)
+
+
+def _concat(parts: list[Selection], n: int) -> Selection:
+    indices = torch.cat([p.indices + r * n for r, p in enumerate(parts)])
+    weights = None if parts[0].weights is None else torch.cat([p.weights for p in parts])
+    return Selection(indices, weights)
+
+
+def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = True):
+    """The step and state: data-parallel with a scope when ``comm`` is given, else the
+    one-process reference (with the local scope emulated)."""
+    net = model()
+    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    policy = None if scenario.policy is None else scenario.policy()
+    select = scenario.select
+    if comm is None and scenario.kind == "local":
+        if policy is None:
+            select = local_select(select or sbfunc.rank_power, WORLD)
+        else:
+            policy = local_policy(policy, WORLD)
+    kwargs: dict[str, Any] = {"policy": policy, "ids": 2} if policy is not None else {}
+    if policy is None:
+        kwargs.update(keep=0.5, select=select)
+    if comm is not None:
+        kwargs["scope"] = sbdist.selection_scope(
+            scenario.kind, rebalance=scenario.rebalance, comm=comm
+        )
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, **kwargs)
+    params, buffers = sbfunc.split_module(net, clone=True)
+    algs = [sb] if algorithms else []
+    if comm is None:
+        step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-2), algs)
+    else:
+        step = sbdist.make_data_parallel_step(
+            loss_fn, sbfunc.optim.adam(1e-2), algs, comm=comm, bucket_mb=1e-4
+        )
+    return step, step.init(params, buffers, key=KEY)
+
+
+class Record(NamedTuple):
+    params: dict[str, torch.Tensor]
+    loss: torch.Tensor
+    rows: int
+    policy_state: Any
+
+
+def run(step, state, *, rank: int, world: int, epochs: int = EPOCHS) -> list[Record]:
+    """Train ``epochs`` epochs on this rank's shards, one record per step."""
+    x, y = data()
+    comm_like = _Ranked(rank, world)
+    records = []
+    for epoch in range(epochs):
+        for batch in sbdist.sharded_batches(
+            [x, y], BATCH * (WORLD // world), key=KEY, epoch=epoch, comm=comm_like
+        ):
+            state, metrics = step(state, batch)
+            records.append(
+                Record(
+                    {k: v.clone() for k, v in state.params.items()},
+                    metrics.loss.clone(),
+                    metrics.samples_backpropagated,
+                    _clone(state.algorithm_state[:1]),
+                )
+            )
+        t = state.time
+        state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
+    return records
+
+
+class _Ranked(sbdist.Comm):
+    """A Comm that only says which rank's shard to read (the reference reads world 1)."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.meter, self.group, self.rank, self.world = None, None, rank, world
+
+
+def _clone(tree: Any) -> Any:
+    return optree.tree_map(
+        lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree, none_is_leaf=True
+    )

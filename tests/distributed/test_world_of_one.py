@@ -1,0 +1,152 @@
+"""Without a process group everything in sbfunc.distributed is a world of one: the
+data-parallel step is the plain step, the scopes are the plain selection."""
+
+import optree
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sbfunc
+from sbfunc import distributed as sbdist
+from sbfunc.distributed.comm import buckets
+from tests.distributed import common
+
+
+def test_comm_is_a_world_of_one_and_never_mutates():
+    comm = sbdist.Comm(meter=sbdist.TrafficMeter())
+    x = torch.arange(4.0)
+    out = comm.all_reduce_sum([x, torch.ones(2, dtype=torch.int64)], scale=2)
+    assert out[0].tolist() == [0.0, 2.0, 4.0, 6.0] and out[1].tolist() == [2, 2]
+    assert comm.broadcast([x])[0] is not x and comm.all_gather(x) is not x
+    assert torch.equal(comm.all_to_all(x, [4], [4]), x) and x.tolist() == [0, 1, 2, 3]
+    assert comm.meter.totals() == {}  # nothing moved
+
+
+def test_comm_arguments_are_checked():
+    with pytest.raises(TypeError, match=r"meter must be an sbfunc\.distributed\.TrafficMeter"):
+        sbdist.Comm(meter=object())
+    with pytest.raises(ValueError, match=r"torch\.distributed is not initialised"):
+        sbdist.Comm(group=object())
+
+
+@settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(st.integers(0, 40), st.booleans()), min_size=1, max_size=8),
+    cap=st.integers(1, 200),
+)
+def test_buckets_cover_every_tensor_once_by_dtype_within_the_cap(sizes, cap):
+    tensors = [torch.zeros(n, dtype=torch.float32 if f else torch.int64) for n, f in sizes]
+    groups = buckets(tensors, cap)
+    assert sorted(i for g in groups for i in g) == list(range(len(tensors)))
+    for g in groups:
+        assert len({tensors[i].dtype for i in g}) == 1 and g == sorted(g)
+        assert len(g) == 1 or sum(tensors[i].numel() * tensors[i].element_size() for i in g) <= cap
+
+
+@pytest.mark.parametrize("name", ["global_infobatch", "global_jiang_rebalance", "local_stale_sb"])
+def test_the_data_parallel_step_of_one_equals_the_plain_step(name):
+    scenario = common.SCENARIOS[name]
+    if scenario.kind == "local":  # a local scope of one folds rank 0 into the key
+        scenario = scenario._replace(kind="global")
+    plain = common.run(*common.build(scenario, None), rank=0, world=1)
+    parallel = common.run(*common.build(scenario, sbdist.Comm()), rank=0, world=1)
+    for a, b in zip(plain, parallel, strict=True):
+        assert a.rows == b.rows
+        torch.testing.assert_close(a.params, b.params, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a.policy_state, b.policy_state, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_with_no_row_anywhere_skips_the_update():
+    net = common.model()
+    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    x, y = common.data()
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=sbfunc.policies.jiang_cdf(1.0),
+        refill=(x[:16], y[:16]), scope=sbdist.selection_scope("local"),
+    )  # fmt: skip
+    step = sbdist.make_data_parallel_step(loss_fn, sbfunc.optim.adam(1e-2), [sb])
+    state = step.init(*sbfunc.split_module(net, clone=True), key=common.KEY)
+    new, metrics = step(state, (x[:4], y[:4]))  # at most 4 rows queued: no full batch of 16
+    assert metrics.samples_backpropagated == 0 and bool(metrics.skipped)
+    assert int(new.time.updates_skipped) == 1 and torch.isnan(metrics.loss)
+    assert all(torch.equal(new.params[k], state.params[k]) for k in state.params)
+    for a, b in zip(
+        optree.tree_leaves(new.opt_state), optree.tree_leaves(state.opt_state), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def test_step_arguments_are_checked():
+    loss_fn = sbfunc.per_sample_loss(common.model(), F.cross_entropy)
+    opt = sbfunc.optim.sgd(0.1)
+    with pytest.raises(ValueError, match="bucket_mb must be a number > 0, got 0"):
+        sbdist.make_data_parallel_step(loss_fn, opt, bucket_mb=0)
+    with pytest.raises(ValueError, match="buffers must be 'broadcast' or 'mean', got 'sum'"):
+        sbdist.make_data_parallel_step(loss_fn, opt, buffers="sum")
+    with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
+        sbdist.make_data_parallel_step(loss_fn, opt, comm="world")
+    with pytest.raises(ValueError, match="kind must be 'local' or 'global', got 'all'"):
+        sbdist.selection_scope("all")
+    with pytest.raises(TypeError, match="rebalance must be True or False"):
+        sbdist.selection_scope("local", rebalance=1)
+    with pytest.raises(TypeError, match="scope must be a selection scope"):
+        sbfunc.SelectiveBackprop(loss_fn=loss_fn, scope="global")
+
+
+def test_per_rank_draws_from_the_key_folded_with_the_rank():
+    cutout = sbdist.per_rank(sbfunc.CutOut(length=0.5))
+    assert cutout.name == "CutOut" and cutout.parts[0].name == "CutOut"
+    key = sbfunc.random.key(5)
+    state = sbfunc.State(key, batch=(torch.ones(4, 1, 8, 8),))
+    got = cutout.apply(sbfunc.Event.AFTER_DATALOADER, state)
+    want = sbfunc.CutOut(length=0.5).apply(
+        sbfunc.Event.AFTER_DATALOADER, state.replace(key=sbdist.rank_key(key, 0))
+    )
+    assert torch.equal(got.batch[0], want.batch[0]) and torch.equal(got.key, key)
+    with pytest.raises(TypeError, match="algorithm must be an sbfunc Algorithm"):
+        sbdist.per_rank(lambda s: s)
+    with pytest.raises(ValueError, match="rank must be an int >= 0, got -1"):
+        sbdist.rank_key(key, -1)
+
+
+def test_rank_local_parts_split_off_and_join_back():
+    x, y = common.data()
+    queue = sbfunc.policies.enqueue(sbfunc.policies.empty_queue((x[:2], y[:2])), (x[:3], y[:3]))
+    state = sbfunc.TrainState(
+        {"w": torch.ones(2)}, {}, common.KEY, algorithm_state=((None, queue), None),
+        time=sbfunc.Time(step=5, samples_forwarded=30, samples_backpropagated=12),
+    )  # fmt: skip
+    shared, local = sbdist.split_state(state)
+    assert local.queues == (queue,) and (
+        local.samples_forwarded,
+        local.samples_backpropagated,
+    ) == (30, 12)
+    assert sbfunc.batch_size(shared.algorithm_state[0][1].rows) == 0 and shared.time.step == 5
+    joined = sbdist.join_state(shared, local)
+    assert joined.time == state.time and torch.equal(joined.algorithm_state[0][1].rows[0], x[:3])
+    with pytest.raises(ValueError, match="local has 0 queues for a state with 1 refill queues"):
+        sbdist.join_state(shared, local._replace(queues=()))
+
+
+def test_save_and_load_in_a_world_of_one(tmp_path):
+    step, state = common.build(common.SCENARIOS["global_infobatch"], sbdist.Comm())
+    x, y = common.data()
+    state, _ = step(state, (x[:8], y[:8], torch.arange(8)))
+    sbdist.save(state, tmp_path / "one.pt")
+    loaded = sbdist.load(
+        tmp_path / "one.pt", like=common.build(common.SCENARIOS["global_infobatch"], None)[1]
+    )
+    assert loaded.time == state.time and all(
+        torch.equal(loaded.params[k], state.params[k]) for k in state.params
+    )
+    assert torch.equal(loaded.algorithm_state[0].loss, state.algorithm_state[0].loss)
+
+
+def test_traffic_predictions_of_one_rank_are_zero():
+    assert sbdist.gradient_traffic([torch.zeros(3)], world=1) == sbdist.Traffic()
+    assert sbdist.gather_traffic(8, 12, world=1) == sbdist.Traffic()
+    assert sbdist.rebalance_traffic([5], 40, rank=0) == sbdist.Traffic()
+    with pytest.raises(ValueError, match="world must be an int >= 1, got 0"):
+        sbdist.gather_traffic(8, 12, world=0)
