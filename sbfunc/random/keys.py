@@ -212,7 +212,10 @@ def fold_in(k: Key, data: int | torch.Tensor) -> Key:
         )
     # As an int64 tensor: an int that became symbolic in a compiled graph (it crossed a
     # graph break) must stay in integer tensor arithmetic, never mix into it as a scalar.
-    if not isinstance(data, torch.SymInt):  # a static int: reduce mod 2**64 to signed int64
+    # While compiling, ``data`` may be symbolic (an int that crossed a graph break): no Python
+    # arithmetic on it (its constants would overflow the compiler's int64 index maths), so
+    # it must fit int64 there; eagerly it is reduced mod 2**64 to a signed int64.
+    if not torch.compiler.is_compiling():
         data &= (1 << 64) - 1
         data = data - (1 << 64) if data >= 1 << 63 else data
     d = torch.full((), data, dtype=torch.int64, device=k.device)
