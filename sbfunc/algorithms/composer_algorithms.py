@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sbfunc.algorithms._checks import check_bool, check_classes, check_field, check_int, check_real
 from sbfunc.algorithms.augment import check_probability, cutout_batch, mixup_batch, smooth_labels
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
@@ -9,23 +10,12 @@ from sbfunc.engine import Algorithm, Event, State
 __all__ = ["CutOut", "LabelSmoothing", "MixUp"]
 
 
-def _check_field(name: str, field: int | str) -> int | str:
-    if isinstance(field, bool) or not isinstance(field, int | str):
-        raise TypeError(f"{name} must be an int (tuple batch) or str (dict batch), got {field!r}")
-    return field
-
-
-def _check_classes(num_classes: int) -> int:
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
-    return num_classes
-
-
 class CutOut(Algorithm):
     """Zero random squares of the input on ``AFTER_DATALOADER`` (see :func:`sbfunc.cutout_batch`).
 
     Runs after any sample-selecting algorithm on that event (default passes), so it augments
-    only the kept rows and never the rows Selective Backprop scores.
+    only the kept rows and never the rows Selective Backprop scores. ``uniform_sampling`` makes
+    every pixel equally likely to be masked (Composer's option).
 
     Example:
         >>> co = sbfunc.CutOut(length=0.5)
@@ -38,28 +28,43 @@ class CutOut(Algorithm):
         DeVries and Taylor 2017; MosaicML Composer ``CutOut``.
     """
 
-    def __init__(self, num_holes: int = 1, length: float = 0.5, *, input: int | str = 0) -> None:
-        if isinstance(num_holes, bool) or not isinstance(num_holes, int) or num_holes < 1:
-            raise ValueError(f"num_holes must be an int >= 1, got {num_holes!r}")
-        self.num_holes = num_holes
+    def __init__(
+        self,
+        num_holes: int = 1,
+        length: float = 0.5,
+        uniform_sampling: bool = False,
+        *,
+        input: int | str = 0,
+    ) -> None:
+        self.num_holes = check_int("num_holes", num_holes, low=1)
         self.length = check_probability("length", length, open_low=True)
-        self.input = _check_field("input", input)
+        self.uniform_sampling = check_bool("uniform_sampling", uniform_sampling)
+        self.input = check_field("input", input)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 
     def apply(self, event: Event, state: State) -> State:
         x = extract(state.batch, self.input, "input")
-        x = cutout_batch(x, key=state.key, num_holes=self.num_holes, length=self.length)
+        x = cutout_batch(
+            x,
+            key=state.key,
+            num_holes=self.num_holes,
+            length=self.length,
+            uniform_sampling=self.uniform_sampling,
+        )
         return state.replace(batch=replace(state.batch, self.input, x))
 
 
 class MixUp(Algorithm):
     """Mix random pairs of inputs and their targets on ``BEFORE_FORWARD``.
 
+    Composer's coefficient: ``mixing = min(z, 1 - z)``, ``z ~ Beta(alpha, alpha)``, the weight
+    of the partner, so the original row dominates; ``alpha = 0`` leaves the inputs unchanged.
     The loss on the mixed soft targets is Composer's interpolated loss for cross-entropy (see
     :func:`sbfunc.mixup_batch`), so it declares ``interpolate_loss = True`` and the
-    ``warn_if_multiple_loss_interpolation`` pass can flag conflicting algorithms.
+    ``warn_if_multiple_loss_interpolation`` pass can flag conflicting algorithms. Per-pixel
+    index targets ``[N, H, W]`` become soft targets ``[N, C, H, W]``.
 
     Example:
         >>> mu = sbfunc.MixUp(alpha=0.2, num_classes=3)
@@ -77,12 +82,10 @@ class MixUp(Algorithm):
     def __init__(
         self, alpha: float = 0.2, *, num_classes: int, input: int | str = 0, target: int | str = 1
     ) -> None:
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not alpha > 0:
-            raise ValueError(f"alpha must be a float > 0, got {alpha!r}")
-        self.alpha = float(alpha)
-        self.num_classes = _check_classes(num_classes)
-        self.input = _check_field("input", input)
-        self.target = _check_field("target", target)
+        self.alpha = check_real("alpha", alpha, low=0)
+        self.num_classes = check_classes(num_classes)
+        self.input = check_field("input", input)
+        self.target = check_field("target", target)
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
@@ -98,6 +101,9 @@ class MixUp(Algorithm):
 
 class LabelSmoothing(Algorithm):
     """Smooth the targets on ``BEFORE_LOSS`` and restore them on ``AFTER_LOSS``.
+
+    Index targets ``[N, *dims]`` (classes, or per-pixel classes ``[N, H, W]``) become soft
+    targets with the class axis second, ``[N, C, *dims]`` (see :func:`sbfunc.smooth_labels`).
 
     The original targets wait in the algorithm's per-batch ``scratch`` between the two events
     (scratch lives for one step, so nothing of it is checkpointed). With the FILO order of
@@ -122,8 +128,8 @@ class LabelSmoothing(Algorithm):
 
     def __init__(self, smoothing: float = 0.1, *, num_classes: int, target: int | str = 1) -> None:
         self.smoothing = check_probability("smoothing", smoothing)
-        self.num_classes = _check_classes(num_classes)
-        self.target = _check_field("target", target)
+        self.num_classes = check_classes(num_classes)
+        self.target = check_field("target", target)
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)

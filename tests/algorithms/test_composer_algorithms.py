@@ -145,7 +145,8 @@ def test_augmentations_draw_from_the_state_key_only(alg, event):
         (lambda: sbfunc.CutOut(num_holes=0), ValueError, "num_holes"),
         (lambda: sbfunc.CutOut(length=0.0), ValueError, "length"),
         (lambda: sbfunc.CutOut(input=1.5), TypeError, "input"),
-        (lambda: sbfunc.MixUp(alpha=0.0, num_classes=3), ValueError, "alpha"),
+        (lambda: sbfunc.MixUp(alpha=-1.0, num_classes=3), ValueError, "alpha"),
+        (lambda: sbfunc.CutOut(uniform_sampling="yes"), TypeError, "uniform_sampling"),
         (lambda: sbfunc.MixUp(num_classes=0), ValueError, "num_classes"),
         (lambda: sbfunc.MixUp(num_classes=3, target=None), TypeError, "target"),
         (lambda: sbfunc.LabelSmoothing(1.5, num_classes=3), ValueError, "smoothing"),
@@ -160,3 +161,38 @@ def test_validation_at_construction(factory, exc, msg):
 def test_mixup_declares_loss_interpolation():
     assert sbfunc.MixUp(num_classes=3).interpolate_loss
     assert not sbfunc.CutOut().interpolate_loss
+
+
+def test_label_smoothing_per_pixel_targets_class_axis_second_in_a_step():
+    torch.manual_seed(0)
+    model = nn.Conv2d(2, 3, 1)  # per-pixel logits [N, 3, H, W]
+    params, buffers = sbfunc.split_module(model, clone=True)
+    x, y = torch.rand(4, 2, 5, 5), torch.randint(0, 3, (4, 5, 5))
+    ls = sbfunc.LabelSmoothing(0.2, num_classes=3)
+    spy = Spy(sbfunc.Event.BEFORE_LOSS, view=lambda b: b[1])
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    step, state = _step(model, params, buffers, [ls, spy], loss_fn)
+    _, metrics = step(state, (x, y))
+    ((_, seen),) = spy.seen
+    assert seen.shape == (4, 3, 5, 5)  # not (4, 5, 5, 3)
+    torch.testing.assert_close(seen.sum(1), torch.ones(4, 5, 5))
+    expected = loss_fn(state.params, state.buffers, (x, sbfunc.smooth_labels(y, 0.2, 3))).mean()
+    torch.testing.assert_close(metrics.loss, expected)
+
+
+def test_mixup_alpha_zero_leaves_the_inputs():
+    _, _, _, batch = _image_setup()
+    state = sbfunc.State(sbrandom.key(0), batch=batch)
+    out = sbfunc.MixUp(alpha=0.0, num_classes=3).apply(sbfunc.Event.BEFORE_FORWARD, state)
+    assert torch.equal(out.batch[0], batch[0])
+    assert torch.equal(out.batch[1], sbfunc.soft_targets(batch[1], 3))
+
+
+def test_cutout_uniform_sampling_reaches_cutout_batch():
+    _, _, _, batch = _image_setup()
+    state = sbfunc.State(sbrandom.key(4), batch=batch)
+    out = sbfunc.CutOut(length=0.5, uniform_sampling=True).apply(
+        sbfunc.Event.AFTER_DATALOADER, state
+    )
+    expected = sbfunc.cutout_batch(batch[0], key=state.key, length=0.5, uniform_sampling=True)
+    assert torch.equal(out.batch[0], expected)
