@@ -26,11 +26,11 @@ class _Ghost(nn.modules.batchnorm._BatchNorm):
     ghost_batch_size: int = 32
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        chunks = -(-input.shape[0] // self.ghost_batch_size)
+        chunks = input.shape[0] // self.ghost_batch_size
         if not self.training or chunks <= 1:
             return super().forward(input)
         self._check_input_dim(input)
-        parts = input.chunk(chunks)
+        parts = input.tensor_split(chunks)  # near-equal sizes, each >= ghost_batch_size
         return torch.cat([self._normalize(part, len(parts)) for part in parts])
 
     def _normalize(self, x: torch.Tensor, parts: int) -> torch.Tensor:
@@ -88,11 +88,15 @@ _GHOSTS: dict[type, type[_Ghost]] = {
 def apply_ghost_batchnorm(module: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
     """A copy of ``module`` whose ``BatchNorm1d/2d/3d`` layers use ghost batches.
 
-    In train mode each replaced layer splits its input into ``ceil(N / ghost_batch_size)``
-    chunks along the batch dimension (``torch.chunk``), normalises every chunk with its own
-    statistics, and updates the running statistics once per chunk with the momentum divided
-    by the number of chunks. A batch of at most ``ghost_batch_size`` rows (Selective Backprop's
-    kept rows, say) is one chunk: plain batch norm. Eval mode is plain batch norm. Parameter
+    In train mode each replaced layer splits its input along the batch dimension into
+    ``N // ghost_batch_size`` chunks of near-equal sizes (``torch.tensor_split``: each has at
+    least ``ghost_batch_size`` rows), normalises every chunk with its own statistics, and
+    updates the running statistics once per chunk with the momentum divided by the number of
+    chunks. A batch of fewer than ``2 * ghost_batch_size`` rows (Selective Backprop's kept
+    rows, say) is one chunk: plain batch norm. Eval mode is plain batch norm. Composer makes
+    ``ceil(N / ghost_batch_size)`` chunks of at most that size (so a last chunk of one row
+    fails in train mode) and refuses batches smaller than a ghost batch; both agree when
+    ``ghost_batch_size`` divides ``N``. Parameter
     and buffer names do not change, so ``split_module`` and checkpoints see the same dicts.
     Only layers of exactly these three classes are replaced (subclasses may override
     ``forward``).

@@ -57,7 +57,8 @@ def selector(target: Selector, arg: str = "target") -> Callable[[str, nn.Module]
 
 def matching_modules(module: nn.Module, select: Callable[[str, nn.Module], bool]) -> list[str]:
     """Qualified names of the submodules ``select`` picks, in the order
-    :func:`replace_modules` visits them (depth first; a picked module's children are skipped).
+    :func:`replace_modules` visits them (depth first; a picked module's children are skipped,
+    and a module reached under several names is listed under the first).
 
     Example:
         >>> from sbfunc.algorithms.surgery import matching_modules
@@ -67,8 +68,12 @@ def matching_modules(module: nn.Module, select: Callable[[str, nn.Module], bool]
         ['0', '2']
     """
     found: list[str] = []
+    seen: set[int] = set()
 
     def visit(name: str, m: nn.Module) -> None:
+        if id(m) in seen:  # shared: listed (and replaced) once, under its first name
+            return
+        seen.add(id(m))
         if select(name, m):
             found.append(name)
             return
