@@ -247,7 +247,8 @@ _MODE_LAYERS: tuple[type[nn.Module], ...] = (
 
 def draws_randomness(module: nn.Module) -> bool:
     """Whether ``module`` has layers that draw random numbers in training mode (dropout,
-    multi-head attention with its dropout).
+    multi-head attention with its dropout, and any layer that declares the class attribute
+    ``random_forward = True``, such as stochastic depth's branches).
 
     Example:
         >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.1)))
@@ -256,7 +257,10 @@ def draws_randomness(module: nn.Module) -> bool:
     References:
         PyTorch ``nn.Dropout``, ``nn.MultiheadAttention``.
     """
-    return any(isinstance(m, _RANDOM_LAYERS) for m in module.modules())
+    return any(
+        isinstance(m, _RANDOM_LAYERS) or getattr(m, "random_forward", False)
+        for m in module.modules()
+    )
 
 
 def mode_dependent(module: nn.Module) -> bool:

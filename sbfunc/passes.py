@@ -14,7 +14,7 @@ Example:
     ...     return sort_to_back(algorithms, lambda a: a.interpolate_loss)
     >>> passes = register_pass(DEFAULT_PASSES, loss_interpolation_last, index=-1)
     >>> len(passes)
-    6
+    7
 """
 
 from sbfunc.engine import ordering as _ordering

@@ -325,8 +325,7 @@ class Alibi(Algorithm, Surgery):
     ``int(L * train_sequence_length_scaling)`` tokens (more rows, the same tokens:
     ``set_batch_sequence_length(..., truncate=False)``), which ALiBi's extrapolation makes
     harmless; the length is decided on the host from the batch's shape. It changes the
-    sequence length, so build the step with
-    :data:`~sbfunc.algorithms.seq_length_warmup.SEQUENCE_LENGTH_PASSES` to have it run before
+    sequence length (``changes_sequence_length``), so the default passes run it before
     Selective Backprop scores the batch.
 
     Args:
@@ -350,7 +349,6 @@ class Alibi(Algorithm, Surgery):
     """
 
     changes_sequence_length = True
-    """Read by :func:`~sbfunc.algorithms.seq_length_warmup.sort_sequence_length_first`."""
 
     def __init__(
         self,

@@ -9,10 +9,9 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.module import LossFn, ModuleLoss, Params
+from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
 from sbfunc.optim._checks import check_bool, check_int, check_real
 from sbfunc.step.gradients import differentiate, fresh_buffers, weighted_mean
-from sbfunc.step.train_step import _has_random_modules
 
 __all__ = ["SAM", "sam_gradients"]
 
@@ -130,7 +129,7 @@ class SAM(Algorithm):
             raise TypeError(f"loss_fn must be a per-sample loss function, got {loss_fn!r}")
         self.loss_fn = loss_fn
         if keyed is None:
-            keyed = isinstance(loss_fn, ModuleLoss) and _has_random_modules(loss_fn.module)
+            keyed = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
         self.keyed = check_bool(keyed, "keyed")
 
     def match(self, event: Event, state: State) -> bool:

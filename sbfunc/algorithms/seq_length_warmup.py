@@ -3,14 +3,12 @@
 The batch transform :func:`set_batch_sequence_length` is pure; :class:`SeqLengthWarmup`
 decides the length on the host (``match``, from ``state.time``) and applies it on
 ``AFTER_DATALOADER``. The length must be fixed before Selective Backprop scores the batch, so
-that the scores rank the rows that will be trained on: :func:`sort_sequence_length_first`
-is the ordering pass that guarantees it (:data:`SEQUENCE_LENGTH_PASSES` are the default passes
-with it).
+that the scores rank the rows that will be trained on: the default pass
+:func:`sbfunc.passes.sort_sequence_length_first` guarantees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import optree
@@ -18,21 +16,12 @@ import torch
 
 from sbfunc.batch import Field, extract
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.engine.ordering import (
-    _FILO_EVENTS,
-    DEFAULT_PASSES,
-    Pass,
-    keep_selective_backprop_first,
-    register_pass,
-)
 from sbfunc.optim._checks import check_bool, check_int, check_real
 
 __all__ = [
-    "SEQUENCE_LENGTH_PASSES",
     "SeqLengthWarmup",
     "batch_sequence_length",
     "set_batch_sequence_length",
-    "sort_sequence_length_first",
     "warmup_sequence_length",
 ]
 
@@ -191,8 +180,8 @@ class SeqLengthWarmup(Algorithm):
     the batch is longer (so, like Composer, batches longer than ``max_seq_length`` are cut to
     it after the warm-up); ``apply`` calls :func:`set_batch_sequence_length` with it. Shapes
     change with the length, so a compiled step compiles one graph per length (at most
-    ``(max - min) // step_size + 1``). Build the step with ``passes=SEQUENCE_LENGTH_PASSES``
-    so that it runs before Selective Backprop scores the batch. Composer also runs a dummy
+    ``(max - min) // step_size + 1``). The default passes run it before Selective Backprop
+    scores the batch (``changes_sequence_length``). Composer also runs a dummy
     forward/backward at full length on ``INIT`` to reserve memory; sbfunc does not.
 
     Args:
@@ -278,50 +267,3 @@ class SeqLengthWarmup(Algorithm):
             f"max_seq_length={self.max_seq_length}, step_size={self.step_size}, "
             f"truncate={self.truncate})"
         )
-
-
-def sort_sequence_length_first(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
-    """Put the algorithms that change the sequence length first, in list order.
-
-    An algorithm declares it with the class attribute ``changes_sequence_length = True``
-    (:class:`SeqLengthWarmup`, :class:`~sbfunc.algorithms.alibi.Alibi`). Placed after
-    :func:`sbfunc.passes.keep_selective_backprop_first`, it puts them even before Selective
-    Backprop on ``AFTER_DATALOADER``: SB scores the rows at the length they are trained at,
-    and the kept rows are not cut again. Among themselves they run in the order of the
-    algorithm list on every event (the FILO reversal is undone for them). A combinator
-    (``chain``) does not pass the attribute on: list these algorithms at the top level.
-
-    Args:
-        algorithms: the ordered list of the previous passes (not changed).
-        event: the event.
-
-    Returns:
-        A new list: the sequence-length algorithms, then the others in their incoming order.
-
-    Example:
-        >>> from sbfunc.algorithms.seq_length_warmup import (SeqLengthWarmup,
-        ...                                                  sort_sequence_length_first)
-        >>> from sbfunc.testing import Toy
-        >>> algs = [Toy(name="sb", selects_samples=True), SeqLengthWarmup()]
-        >>> [a.name for a in sort_sequence_length_first(algs, sbfunc.Event.AFTER_DATALOADER)]
-        ['SeqLengthWarmup', 'sb']
-
-    References:
-        MosaicML Composer ``composer.core.passes`` (ordering passes); Jiang et al. 2019
-        (Selective Backprop scores the rows it trains on).
-    """
-    hit = [a for a in algorithms if getattr(a, "changes_sequence_length", False)]
-    if not hit:
-        return list(algorithms)
-    if event in _FILO_EVENTS:
-        hit.reverse()
-    return hit + [a for a in algorithms if not getattr(a, "changes_sequence_length", False)]
-
-
-SEQUENCE_LENGTH_PASSES: tuple[Pass, ...] = register_pass(
-    DEFAULT_PASSES,
-    sort_sequence_length_first,
-    index=DEFAULT_PASSES.index(keep_selective_backprop_first) + 1,
-)
-""":data:`sbfunc.passes.DEFAULT_PASSES` with :func:`sort_sequence_length_first` inserted right
-after ``keep_selective_backprop_first``."""

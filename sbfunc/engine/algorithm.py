@@ -19,6 +19,7 @@ FLAGS: tuple[str, ...] = (
     "interpolate_loss",
     "selects_samples",
     "fuses_layernorm",
+    "changes_sequence_length",
 )
 """The boolean class attributes every algorithm declares (combinators OR them together)."""
 
@@ -42,7 +43,9 @@ class Algorithm(ABC):
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``
     (the algorithm prunes the batch, like Selective Backprop: the default passes run it first)
-    and ``fuses_layernorm`` (the passes run it last). ``uses_key`` (default ``True``) says
+    ``fuses_layernorm`` (the passes run it last) and ``changes_sequence_length`` (it cuts the
+    batch's sequences: the passes run it before everything, sample selection included).
+    ``uses_key`` (default ``True``) says
     whether ``apply`` draws randomness: a deterministic algorithm sets it to ``False`` and the
     engine skips deriving its key (``state.key`` is then ``None``), which saves a Threefry
     block per application in eager steps. ``name`` is the class name unless the
@@ -75,6 +78,7 @@ class Algorithm(ABC):
     interpolate_loss: bool = False
     selects_samples: bool = False
     fuses_layernorm: bool = False
+    changes_sequence_length: bool = False
     uses_key: bool = True
     """Whether ``apply`` reads ``state.key`` (``False``: the engine passes ``None``)."""
     parts: tuple[Algorithm, ...] = ()

@@ -5,8 +5,9 @@ the result in order. A pass never mutates its input; it returns a new list.
 
 :data:`DEFAULT_PASSES` follows Composer (``sort_selective_backprop_first``,
 ``sort_fused_layernorm_last``, ``set_filo_order``, ``warn_if_multiple_loss_interpolation``)
-plus one explicit rule, :func:`keep_selective_backprop_first`, placed right after the FILO
-reversal. In Composer the FILO reversal of the ``AFTER_*`` events undoes
+plus two explicit rules placed right after the FILO reversal:
+:func:`keep_selective_backprop_first` and :func:`sort_sequence_length_first` (sequence-length
+changes come before scoring). In Composer the FILO reversal of the ``AFTER_*`` events undoes
 ``sort_selective_backprop_first``: on ``AFTER_DATALOADER`` Selective Backprop runs *last*
 and scores a batch that CutOut/MixUp already augmented (Composer 0.32.1 turns
 ``[CutOut, ProgressiveResizing, SelectiveBackprop]`` into
@@ -34,6 +35,7 @@ __all__ = [
     "set_filo_order",
     "sort_fused_layernorm_last",
     "sort_selective_backprop_first",
+    "sort_sequence_length_first",
     "sort_to_back",
     "sort_to_front",
     "warn_if_multiple_loss_interpolation",
@@ -276,6 +278,45 @@ def keep_selective_backprop_first(
     return hit + [a for a in algorithms if not a.selects_samples]
 
 
+def sort_sequence_length_first(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """Put the algorithms that change the sequence length first, in list order.
+
+    An algorithm declares it with the flag ``changes_sequence_length = True``
+    (``SeqLengthWarmup``, ``Alibi``). Placed after :func:`keep_selective_backprop_first` in
+    :data:`DEFAULT_PASSES`, it puts them even before Selective Backprop on
+    ``AFTER_DATALOADER``: SB scores the rows at the length they are trained at, and the kept
+    rows are not cut again. Among themselves they keep the order the earlier passes gave them,
+    with the FILO reversal undone: the list order unless they also select samples or fuse
+    layer norms.
+
+    Args:
+        algorithms: the ordered list of the previous passes (not changed).
+        event: the event.
+
+    Returns:
+        A new list: the sequence-length algorithms, then the others in their incoming order.
+
+    Example:
+        >>> from sbfunc.engine import Event
+        >>> from sbfunc.testing import Toy
+        >>> algs = [Toy(name="sb", selects_samples=True),
+        ...         Toy(name="warmup", changes_sequence_length=True)]
+        >>> out = sbfunc.passes.sort_sequence_length_first(algs, Event.AFTER_DATALOADER)
+        >>> [a.name for a in out]
+        ['warmup', 'sb']
+
+    References:
+        MosaicML Composer ``composer.core.passes`` (ordering passes); Jiang et al. 2019
+        (Selective Backprop scores the rows it trains on).
+    """
+    hit = [a for a in algorithms if a.changes_sequence_length]
+    if not hit:
+        return list(algorithms)
+    if event in _FILO_EVENTS:
+        hit.reverse()
+    return hit + [a for a in algorithms if not a.changes_sequence_length]
+
+
 def warn_if_multiple_loss_interpolation(
     algorithms: Sequence[Algorithm], event: Event
 ) -> list[Algorithm]:
@@ -323,6 +364,7 @@ DEFAULT_PASSES: tuple[Pass, ...] = (
     sort_fused_layernorm_last,
     set_filo_order,
     keep_selective_backprop_first,
+    sort_sequence_length_first,
     warn_if_multiple_loss_interpolation,
 )
 """The passes ``run_event`` uses by default, in order."""

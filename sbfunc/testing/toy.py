@@ -48,6 +48,7 @@ class Toy(Algorithm):
         interpolate_loss: the declared flag, for this instance.
         selects_samples: the declared flag, for this instance.
         fuses_layernorm: the declared flag, for this instance.
+        changes_sequence_length: the declared flag, for this instance.
 
     Raises:
         TypeError: if an event is not an ``Event``.
@@ -76,6 +77,7 @@ class Toy(Algorithm):
         interpolate_loss: bool = False,
         selects_samples: bool = False,
         fuses_layernorm: bool = False,
+        changes_sequence_length: bool = False,
     ) -> None:
         self.tag = tag
         self.events = None if events is None else frozenset(events)
@@ -89,6 +91,7 @@ class Toy(Algorithm):
         self.interpolate_loss = interpolate_loss
         self.selects_samples = selects_samples
         self.fuses_layernorm = fuses_layernorm
+        self.changes_sequence_length = changes_sequence_length
 
     def init(self, key: Any) -> tuple[Any, ...]:
         return ()
@@ -103,7 +106,12 @@ class Toy(Algorithm):
     def __repr__(self) -> str:
         flags = [
             f
-            for f in ("selects_samples", "fuses_layernorm", "interpolate_loss")
+            for f in (
+                "selects_samples",
+                "fuses_layernorm",
+                "interpolate_loss",
+                "changes_sequence_length",
+            )
             if getattr(self, f)
         ]
         return f"Toy(tag={self.tag!r}, name={self.name!r}{''.join(', ' + f for f in flags)})"

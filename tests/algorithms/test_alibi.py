@@ -16,7 +16,6 @@ from sbfunc.algorithms.alibi import (
     alibi_slopes,
     apply_alibi,
 )
-from sbfunc.algorithms.seq_length_warmup import SEQUENCE_LENGTH_PASSES
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
@@ -143,7 +142,7 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, loss_fn=score)
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(
-        train, sbfunc.optim.sgd(0.1), [sb, alibi], SEQUENCE_LENGTH_PASSES
+        train, sbfunc.optim.sgd(0.1), [sb, alibi], sbfunc.passes.DEFAULT_PASSES
     )
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     ids = torch.randint(0, 20, (4, 8))

@@ -7,10 +7,8 @@ from torch import nn
 
 import sbfunc
 from sbfunc.algorithms.seq_length_warmup import (
-    SEQUENCE_LENGTH_PASSES,
     SeqLengthWarmup,
     set_batch_sequence_length,
-    sort_sequence_length_first,
     warmup_sequence_length,
 )
 from sbfunc.passes import DEFAULT_PASSES
@@ -110,17 +108,18 @@ def test_pass_puts_sequence_length_first_before_sample_selection(algs, event, k,
     for w in warmups:
         algs.insert(rng.randint(0, len(algs)), w)
     out = list(algs)
-    for p in SEQUENCE_LENGTH_PASSES:
+    for p in sbfunc.passes.DEFAULT_PASSES:
         out = p(out, event)
-    default = list(algs)
+    default = [a for a in algs if not a.changes_sequence_length]
     for p in DEFAULT_PASSES:
         default = p(default, event)
     assert sorted(map(id, out)) == sorted(map(id, algs))  # a permutation
-    listed = [id(a) for a in algs if isinstance(a, SeqLengthWarmup)]
-    assert [id(a) for a in out[:k]] == listed  # first, in list order
-    rest = [a for a in default if not isinstance(a, SeqLengthWarmup)]
-    assert [id(a) for a in out[k:]] == [id(a) for a in rest]  # the others as by default
-    assert sort_sequence_length_first(algs, event) is not algs
+    listed = [id(a) for a in algs if a.changes_sequence_length]  # warmups and flagged toys
+    assert sorted(id(a) for a in out[: len(listed)]) == sorted(listed)  # first, as a group
+    if not any(a.fuses_layernorm or a.selects_samples for a in out[: len(listed)]):
+        assert [id(a) for a in out[: len(listed)]] == listed  # in list order
+    assert [id(a) for a in out[len(listed) :]] == [id(a) for a in default]  # others as by default
+    assert sbfunc.passes.sort_sequence_length_first(algs, event) is not algs
 
 
 def test_selective_backprop_scores_the_warmed_up_rows():
@@ -148,7 +147,8 @@ def test_selective_backprop_scores_the_warmed_up_rows():
     )
     batch = _batch(8, 16)
     batch["label"] = batch["label"] % 3
-    for passes, expected in ((SEQUENCE_LENGTH_PASSES, (8, 4)), (DEFAULT_PASSES, (8, 16))):
+    without = tuple(p for p in DEFAULT_PASSES if p is not sbfunc.passes.sort_sequence_length_first)
+    for passes, expected in ((DEFAULT_PASSES, (8, 4)), (without, (8, 16))):
         seen.clear()
         step = sbfunc.make_train_step(train, sbfunc.optim.sgd(0.1), [warmup, sb], passes)
         state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
