@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc.validation import check_int
 
 __all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
 
@@ -144,8 +145,7 @@ def with_label_noise(
     """
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be in [0, 1], got {fraction!r}")
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
-        raise ValueError(f"num_classes must be an int >= 2 to flip labels, got {num_classes!r}")
+    check_int(num_classes, "num_classes", low=2, fix="flipping a label needs another class")
     k1, k2 = sbrandom.split(key)
     n = y.shape[0]
     flip = torch.zeros(n, dtype=torch.bool, device=y.device)
@@ -169,8 +169,7 @@ def batches(
         PyTorch ``DataLoader(shuffle=True, drop_last=...)`` (``drop_last=False`` by default
         there); JAX ``jax.random.permutation`` (an epoch's order drawn from a key).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_int(batch_size, "batch_size", low=1)
     n = x.shape[0]
     perm = torch.argsort(sbrandom.uniform(key, (n,)))
     stop = n - n % batch_size if drop_last else n

@@ -13,9 +13,11 @@ def test_batches_cover_every_row_once_per_epoch():
     assert all(torch.equal(b[1], b[2]) for b in got)  # ids index the rows
 
 
-@pytest.mark.parametrize("bs", [0, -1, 2.0, True])
-def test_batches_validates_batch_size(bs):
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+@pytest.mark.parametrize(
+    ("bs", "error"), [(0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)]
+)
+def test_batches_validates_batch_size(bs, error):
+    with pytest.raises(error, match="batch_size must be an int >= 1"):
         list(sbfunc.datasets.batches(torch.ones(4, 1), torch.ones(4), bs, key=sbrandom.key(0)))
 
 

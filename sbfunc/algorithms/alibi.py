@@ -21,7 +21,7 @@ from torch import nn
 from sbfunc.algorithms.seq_length_warmup import batch_sequence_length, set_batch_sequence_length
 from sbfunc.algorithms.surgery import Surgery, replace_modules
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.optim._checks import check_int, check_real
+from sbfunc.validation import check_int, check_real
 
 __all__ = [
     "Alibi",
@@ -363,7 +363,7 @@ class Alibi(Algorithm, Surgery):
             "train_sequence_length_scaling",
             low=0.0,
             high=1.0,
-            low_open=True,
+            open_low=True,
         )
         self.position_embeddings = position_embeddings
 

@@ -5,21 +5,15 @@ from __future__ import annotations
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_bool, check_classes, check_int, check_real
+from sbfunc.validation import check_bool, check_fraction, check_int, check_real
 
 __all__ = [
-    "check_probability",
     "cutout_batch",
     "mixup_batch",
     "smooth_labels",
     "soft_targets",
     "window_start",
 ]
-
-
-def check_probability(name: str, value: float, *, open_low: bool = False) -> float:
-    """Validate a float in [0, 1] (or (0, 1] with ``open_low``) and return it."""
-    return check_real(name, value, low=0, high=1, open_low=open_low)
 
 
 def window_start(
@@ -105,9 +99,9 @@ def cutout_batch(
     """
     if x.dim() < 3 or x.dim() > 5:
         raise ValueError(f"cutout needs an input [N, C, *spatial] of rank 3-5, got {x.dim()}-D")
-    check_int("num_holes", num_holes, low=1)
-    check_probability("length", length, open_low=True)
-    check_bool("uniform_sampling", uniform_sampling)
+    check_int(num_holes, "num_holes", low=1)
+    check_fraction(length, "length", open_low=True)
+    check_bool(uniform_sampling, "uniform_sampling")
     n, spatial = x.shape[0], x.shape[2:]
     side = max(1, round(length * min(spatial)))
     u = sbrandom.uniform(key, (n, num_holes, len(spatial)), device=x.device)
@@ -155,7 +149,7 @@ def soft_targets(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
         PyTorch ``torch.nn.functional.cross_entropy`` (class-probability targets
         ``[N, C, d1, ...]``); MosaicML Composer ``composer.loss.utils.ensure_targets_one_hot``.
     """
-    check_classes(num_classes)
+    check_int(num_classes, "num_classes", low=1)
     if targets.dtype.is_floating_point:
         return targets
     classes = torch.arange(num_classes, device=targets.device)
@@ -179,7 +173,7 @@ def smooth_labels(targets: torch.Tensor, smoothing: float, num_classes: int) -> 
         Szegedy et al. 2016, "Rethinking the Inception Architecture for Computer Vision";
         MosaicML Composer ``smooth_labels``.
     """
-    check_probability("smoothing", smoothing)
+    check_fraction(smoothing, "smoothing")
     return (1.0 - smoothing) * soft_targets(targets, num_classes) + smoothing / num_classes
 
 
@@ -235,8 +229,8 @@ def mixup_batch(
         Zhang et al. 2018, "mixup: Beyond Empirical Risk Minimization"; MosaicML Composer
         ``mixup_batch`` and ``_gen_mixing_coef``.
     """
-    alpha = check_real("alpha", alpha, low=0)
-    check_classes(num_classes)
+    alpha = check_real(alpha, "alpha", low=0)
+    check_int(num_classes, "num_classes", low=1)
     mix_key, perm_key = sbrandom.split(key)
     mixing = _mixing_coefficient(mix_key, alpha, device=x.device)
     perm = sbrandom.permutation(perm_key, x.shape[0], device=x.device)

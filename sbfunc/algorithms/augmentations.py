@@ -36,9 +36,9 @@ from kornia.enhance import (
 from kornia.geometry.transform import get_rotation_matrix2d, warp_affine
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_real
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_real
 
 __all__ = [
     "ImageAugmentation",
@@ -147,7 +147,7 @@ def check_severity(severity: float) -> float:
         >>> check_severity(3)
         3.0
     """
-    return check_real("severity", severity, low=0, high=10)
+    return check_real(severity, "severity", low=0, high=10)
 
 
 def _draws(key: sbrandom.Key, n: int, num_ops: int, severity: float, dev: torch.device) -> _Draws:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_field, check_int, check_real
+from sbfunc.algorithms._checks import check_field
 from sbfunc.algorithms.augmentations import (
     ImageAugmentation,
     augment_once,
@@ -15,6 +15,7 @@ from sbfunc.algorithms.augmentations import (
     check_images,
     check_severity,
 )
+from sbfunc.validation import check_int, check_real
 
 __all__ = ["AugMix", "augmix_image"]
 
@@ -22,8 +23,9 @@ _MAX_RANDOM_DEPTH = 3  # depth=-1 draws each chain's depth from {1, 2, 3}, as Co
 
 
 def _check_depth(depth: int) -> int:
-    if isinstance(depth, bool) or not isinstance(depth, int) or not (depth == -1 or depth >= 1):
-        raise ValueError(f"depth must be -1 (random in 1..3) or an int >= 1, got {depth!r}")
+    wanted = "pass -1 (a random depth in 1..3) or a depth >= 1"
+    if check_int(depth, "depth", low=-1, fix=wanted) == 0:
+        raise ValueError(f"depth must be -1 or an int >= 1, got 0; {wanted}")
     return depth
 
 
@@ -79,8 +81,8 @@ def augmix_image(
     """
     severity = check_severity(severity)
     depth = _check_depth(depth)
-    width = check_int("width", width, low=1)
-    alpha = check_real("alpha", alpha, low=0, open_low=True)
+    width = check_int(width, "width", low=1)
+    alpha = check_real(alpha, "alpha", low=0, open_low=True)
     ops = check_augmentation_set(augmentation_set)
     x = check_images(img)
     n, dev = x.shape[0], x.device
@@ -147,8 +149,8 @@ class AugMix(ImageAugmentation):
     ) -> None:
         self.severity = check_severity(severity)
         self.depth = _check_depth(depth)
-        self.width = check_int("width", width, low=1)
-        self.alpha = check_real("alpha", alpha, low=0, open_low=True)
+        self.width = check_int(width, "width", low=1)
+        self.alpha = check_real(alpha, "alpha", low=0, open_low=True)
         self.augmentation_set = check_augmentation_set(augmentation_set)
         self.input = check_field("input", input)
 

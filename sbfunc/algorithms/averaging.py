@@ -17,7 +17,7 @@ import torch
 
 from sbfunc.engine import Algorithm, Event, State, Time, TrainState
 from sbfunc.module import Params
-from sbfunc.optim._checks import check_real
+from sbfunc.validation import check_real
 
 __all__ = ["EMA", "SWA", "AveragedState"]
 
@@ -208,7 +208,7 @@ class EMA(_Averaging):
                     "use the same unit"
                 )
             smoothing = 2.0 ** (-self.every / life[0])
-        self.smoothing = check_real(smoothing, "smoothing", low=0.0, high=1.0, high_open=True)
+        self.smoothing = check_real(smoothing, "smoothing", low=0.0, high=1.0, open_high=True)
 
     def _averages_buffers(self) -> bool:
         return True

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from kornia.filters import blur_pool2d
 from torch import nn
 
-from sbfunc.algorithms._checks import check_bool, check_int
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_bool, check_int
 
 __all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "apply_blurpool"]
 
@@ -58,7 +58,7 @@ class BlurConv2d(nn.Module):
         stride = _square(conv.stride)
         if stride is None:
             raise ValueError(f"BlurConv2d needs a square stride, got {conv.stride}")
-        self.blur_first = check_bool("blur_first", blur_first)
+        self.blur_first = check_bool(blur_first, "blur_first")
         self.stride = stride
         self.conv = copy.deepcopy(conv)
         if not blur_first:
@@ -182,10 +182,10 @@ def apply_blurpool(
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     rules = _Rules(
-        check_bool("replace_convs", replace_convs),
-        check_bool("replace_maxpools", replace_maxpools),
-        check_bool("blur_first", blur_first),
-        check_int("min_channels", min_channels, low=0),
+        check_bool(replace_convs, "replace_convs"),
+        check_bool(replace_maxpools, "replace_maxpools"),
+        check_bool(blur_first, "blur_first"),
+        check_int(min_channels, "min_channels", low=0),
     )
     out = copy.deepcopy(module)
     new = _replacement(out, rules)
@@ -228,10 +228,10 @@ class BlurPool(Algorithm):
         blur_first: bool = True,
         min_channels: int = 16,
     ) -> None:
-        self.replace_convs = check_bool("replace_convs", replace_convs)
-        self.replace_maxpools = check_bool("replace_maxpools", replace_maxpools)
-        self.blur_first = check_bool("blur_first", blur_first)
-        self.min_channels = check_int("min_channels", min_channels, low=0)
+        self.replace_convs = check_bool(replace_convs, "replace_convs")
+        self.replace_maxpools = check_bool(replace_maxpools, "replace_maxpools")
+        self.blur_first = check_bool(blur_first, "blur_first")
+        self.min_channels = check_int(min_channels, "min_channels", low=0)
 
     def surgery(self, module: nn.Module) -> nn.Module:
         """:func:`apply_blurpool` with this algorithm's settings."""

@@ -7,9 +7,10 @@ from typing import Literal
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_field, check_real
+from sbfunc.algorithms._checks import check_field
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_real
 
 __all__ = ["ColOut", "colout_batch"]
 
@@ -82,8 +83,8 @@ def colout_batch(
     References:
         MosaicML Composer ``colout_batch`` and its ColOut method card.
     """
-    p_row = check_real("p_row", p_row, low=0, high=1, open_high=True)
-    p_col = check_real("p_col", p_col, low=0, high=1, open_high=True)
+    p_row = check_real(p_row, "p_row", low=0, high=1, open_high=True)
+    p_col = check_real(p_col, "p_col", low=0, high=1, open_high=True)
     resize_target = _check_resize_target(resize_target)
     if input.dim() < 2:
         raise ValueError(f"colout needs an input [..., H, W], got shape {tuple(input.shape)}")
@@ -143,8 +144,8 @@ class ColOut(Algorithm):
         input: int | str = 0,
         target: int | str = 1,
     ) -> None:
-        self.p_row = check_real("p_row", p_row, low=0, high=1, open_high=True)
-        self.p_col = check_real("p_col", p_col, low=0, high=1, open_high=True)
+        self.p_row = check_real(p_row, "p_row", low=0, high=1, open_high=True)
+        self.p_col = check_real(p_col, "p_col", low=0, high=1, open_high=True)
         self.resize_target = _check_resize_target(resize_target)
         self.input = check_field("input", input)
         self.target = check_field("target", target)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from sbfunc.algorithms._checks import check_bool, check_classes, check_field, check_int, check_real
-from sbfunc.algorithms.augment import check_probability, cutout_batch, mixup_batch, smooth_labels
+from sbfunc.algorithms._checks import check_field
+from sbfunc.algorithms.augment import cutout_batch, mixup_batch, smooth_labels
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_bool, check_fraction, check_int, check_real
 
 __all__ = ["CutOut", "LabelSmoothing", "MixUp"]
 
@@ -36,9 +37,9 @@ class CutOut(Algorithm):
         *,
         input: int | str = 0,
     ) -> None:
-        self.num_holes = check_int("num_holes", num_holes, low=1)
-        self.length = check_probability("length", length, open_low=True)
-        self.uniform_sampling = check_bool("uniform_sampling", uniform_sampling)
+        self.num_holes = check_int(num_holes, "num_holes", low=1)
+        self.length = check_fraction(length, "length", open_low=True)
+        self.uniform_sampling = check_bool(uniform_sampling, "uniform_sampling")
         self.input = check_field("input", input)
 
     def match(self, event: Event, state: State) -> bool:
@@ -82,8 +83,8 @@ class MixUp(Algorithm):
     def __init__(
         self, alpha: float = 0.2, *, num_classes: int, input: int | str = 0, target: int | str = 1
     ) -> None:
-        self.alpha = check_real("alpha", alpha, low=0)
-        self.num_classes = check_classes(num_classes)
+        self.alpha = check_real(alpha, "alpha", low=0)
+        self.num_classes = check_int(num_classes, "num_classes", low=1)
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 
@@ -127,8 +128,8 @@ class LabelSmoothing(Algorithm):
     uses_key = False
 
     def __init__(self, smoothing: float = 0.1, *, num_classes: int, target: int | str = 1) -> None:
-        self.smoothing = check_probability("smoothing", smoothing)
-        self.num_classes = check_classes(num_classes)
+        self.smoothing = check_fraction(smoothing, "smoothing")
+        self.num_classes = check_int(num_classes, "num_classes", low=1)
         self.target = check_field("target", target)
 
     def match(self, event: Event, state: State) -> bool:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_bool, check_classes, check_field, check_real
-from sbfunc.algorithms.augment import check_probability, soft_targets, window_start
+from sbfunc.algorithms._checks import check_field
+from sbfunc.algorithms.augment import soft_targets, window_start
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_bool, check_fraction, check_int, check_real
 
 __all__ = ["CutMix", "cutmix_batch"]
 
@@ -93,15 +94,15 @@ def cutmix_batch(
     """
     if input.dim() != 4:
         raise ValueError(f"cutmix needs images [N, C, H, W], got shape {tuple(input.shape)}")
-    alpha = check_real("alpha", alpha, low=0)
+    alpha = check_real(alpha, "alpha", low=0)
     if length is not None:
-        length = check_probability("length", length)
-    check_bool("uniform_sampling", uniform_sampling)
+        length = check_fraction(length, "length")
+    check_bool(uniform_sampling, "uniform_sampling")
     dense = _is_dense(target, input)
     if not dense and not target.dtype.is_floating_point:
         if num_classes is None:
             raise ValueError("num_classes is needed to make soft targets of class indices")
-        check_classes(num_classes)
+        check_int(num_classes, "num_classes", low=1)
     n, (h, w), dev = input.shape[0], input.shape[-2:], input.device
     side_key, pos_key, perm_key = sbrandom.split(key, 3)
     u = sbrandom.uniform(pos_key, (2,), device=dev)
@@ -163,9 +164,11 @@ class CutMix(Algorithm):
         input: int | str = 0,
         target: int | str = 1,
     ) -> None:
-        self.alpha = check_real("alpha", alpha, low=0)
-        self.uniform_sampling = check_bool("uniform_sampling", uniform_sampling)
-        self.num_classes = None if num_classes is None else check_classes(num_classes)
+        self.alpha = check_real(alpha, "alpha", low=0)
+        self.uniform_sampling = check_bool(uniform_sampling, "uniform_sampling")
+        self.num_classes = (
+            None if num_classes is None else check_int(num_classes, "num_classes", low=1)
+        )
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sbfunc.algorithms.surgery import Surgery, replace_modules
-from sbfunc.optim._checks import check_int
+from sbfunc.validation import check_int
 
 __all__ = [
     "GhostBatchNorm",

@@ -9,7 +9,7 @@ from torch import nn
 
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.module import Params
-from sbfunc.optim._checks import check_real
+from sbfunc.validation import check_real
 
 __all__ = ["LayerFreezing", "freezable_layers", "freeze_depth", "freeze_fraction"]
 
@@ -121,7 +121,7 @@ class LayerFreezing(Algorithm):
         layers: nn.Module | Sequence[str],
     ) -> None:
         self.freeze_start = check_real(
-            freeze_start, "freeze_start", low=0.0, high=1.0, high_open=True
+            freeze_start, "freeze_start", low=0.0, high=1.0, open_high=True
         )
         self.freeze_level = check_real(freeze_level, "freeze_level", low=0.0, high=1.0)
         if isinstance(layers, nn.Module):

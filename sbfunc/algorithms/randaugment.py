@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_field, check_int
+from sbfunc.algorithms._checks import check_field
 from sbfunc.algorithms.augmentations import (
     ImageAugmentation,
     augment_once,
@@ -15,6 +15,7 @@ from sbfunc.algorithms.augmentations import (
     check_images,
     check_severity,
 )
+from sbfunc.validation import check_int
 
 __all__ = ["RandAugment", "randaugment_image"]
 
@@ -63,7 +64,7 @@ def randaugment_image(
         Search Space"; MosaicML Composer ``randaugment_image``.
     """
     severity = check_severity(severity)
-    depth = check_int("depth", depth, low=0)
+    depth = check_int(depth, "depth", low=0)
     ops = check_augmentation_set(augmentation_set)
     x = check_images(img)
     if depth > 0:
@@ -106,7 +107,7 @@ class RandAugment(ImageAugmentation):
         input: int | str = 0,
     ) -> None:
         self.severity = check_severity(severity)
-        self.depth = check_int("depth", depth, low=0)
+        self.depth = check_int(depth, "depth", low=0)
         self.augmentation_set = check_augmentation_set(augmentation_set)
         self.input = check_field("input", input)
 

@@ -9,9 +9,10 @@ import torch
 from kornia.geometry.transform import resize
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms._checks import check_bool, check_choice, check_field, check_int, check_real
+from sbfunc.algorithms._checks import check_field
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.validation import check_bool, check_choice, check_int, check_real
 
 __all__ = ["ProgressiveResizing", "resize_batch"]
 
@@ -87,9 +88,9 @@ def resize_batch(
         Howard and Gugger 2020 (fastai progressive resizing); MosaicML Composer
         ``resize_batch``.
     """
-    scale_factor = check_real("scale_factor", scale_factor, low=0, open_low=True)
-    check_choice("mode", mode, _MODES)
-    check_bool("resize_targets", resize_targets)
+    scale_factor = check_real(scale_factor, "scale_factor", low=0, open_low=True)
+    check_choice(mode, "mode", _MODES)
+    check_bool(resize_targets, "resize_targets")
     if input.dim() < 3:
         raise ValueError(f"resizing needs an input of rank >= 3, got shape {tuple(input.shape)}")
     if resize_targets and target.dim() < 3:
@@ -182,19 +183,19 @@ class ProgressiveResizing(Algorithm):
         input: int | str = 0,
         target: int | str = 1,
     ) -> None:
-        self.mode: Mode = check_choice("mode", mode, _MODES)
+        self.mode: Mode = check_choice(mode, "mode", _MODES)
         self.initial_scale = check_real(
-            "initial_scale", initial_scale, low=0, high=1, open_low=True
+            initial_scale, "initial_scale", low=0, high=1, open_low=True
         )
-        self.finetune_fraction = check_real("finetune_fraction", finetune_fraction, low=0, high=1)
-        self.delay_fraction = check_real("delay_fraction", delay_fraction, low=0, high=1)
+        self.finetune_fraction = check_real(finetune_fraction, "finetune_fraction", low=0, high=1)
+        self.delay_fraction = check_real(delay_fraction, "delay_fraction", low=0, high=1)
         if self.delay_fraction + self.finetune_fraction > 1:
             raise ValueError(
                 "delay_fraction + finetune_fraction must be <= 1, got "
                 f"{self.delay_fraction} + {self.finetune_fraction}"
             )
-        self.size_increment = check_int("size_increment", size_increment, low=1)
-        self.resize_targets = check_bool("resize_targets", resize_targets)
+        self.size_increment = check_int(size_increment, "size_increment", low=1)
+        self.resize_targets = check_bool(resize_targets, "resize_targets")
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 

@@ -10,8 +10,8 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
-from sbfunc.optim._checks import check_bool, check_int, check_real
 from sbfunc.step.gradients import differentiate, fresh_buffers, weighted_mean
+from sbfunc.validation import check_bool, check_int, check_real
 
 __all__ = ["SAM", "sam_gradients"]
 

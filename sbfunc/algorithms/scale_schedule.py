@@ -18,9 +18,10 @@ from typing import Any, overload
 
 import torch
 
-from sbfunc.optim._checks import check_real, describe
+from sbfunc.optim._checks import describe
 from sbfunc.optim._schedules import NamedSchedule, Schedule, value_at
 from sbfunc.step.loop import Duration
+from sbfunc.validation import check_real
 
 __all__ = ["scale_schedule"]
 
@@ -79,7 +80,7 @@ def scale_schedule(duration_or_schedule: Any, ratio: float) -> Any:
         ``ScaleSchedule`` algorithm); Li et al. 2020, "Budgeted Training: Rethinking Deep
         Neural Network Training Under Resource Constraints".
     """
-    ratio = check_real(ratio, "ratio", low=0.0, low_open=True)
+    ratio = check_real(ratio, "ratio", low=0.0, open_low=True)
     target = duration_or_schedule
     if isinstance(target, Duration):
         if target.epochs is not None:

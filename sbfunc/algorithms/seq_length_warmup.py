@@ -16,7 +16,7 @@ import torch
 
 from sbfunc.batch import Field, extract
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.optim._checks import check_bool, check_int, check_real
+from sbfunc.validation import check_bool, check_int, check_real
 
 __all__ = [
     "SeqLengthWarmup",

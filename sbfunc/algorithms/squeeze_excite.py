@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from sbfunc.algorithms.surgery import Surgery, replace_modules
-from sbfunc.optim._checks import check_int, check_real
+from sbfunc.validation import check_int, check_real
 
 __all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv2d", "apply_squeeze_excite"]
 
@@ -84,7 +84,7 @@ class SqueezeExciteConv2d(nn.Module):
 
 
 def _check(latent_channels: float, min_channels: int) -> tuple[float, int]:
-    latent = check_real(latent_channels, "latent_channels", low=0.0, low_open=True)
+    latent = check_real(latent_channels, "latent_channels", low=0.0, open_low=True)
     return latent, check_int(min_channels, "min_channels", low=0)
 
 

@@ -15,7 +15,7 @@ from sbfunc.algorithms.surgery import (
     selector,
 )
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.optim._checks import check_real
+from sbfunc.validation import check_real
 
 __all__ = ["StochasticBranch", "StochasticDepth", "apply_stochastic_depth"]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -10,19 +9,23 @@ from torch import nn
 
 from sbfunc.module import _accepts_reduction, reduce_per_sample
 from sbfunc.module_io import module_mode
-from sbfunc.score.downsample import _MODES, downsample
+from sbfunc.score.downsample import _MODES, check_scale_factor, downsample
 from sbfunc.select.base import check_keep
 from sbfunc.select.samplers import rank_power_indices
+from sbfunc.validation import check_fraction, check_int
 
 __all__ = ["select_using_loss", "should_selective_backprop"]
 
 
-def _check_fraction(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise TypeError(f"{name} must be a float in [0, 1], got {value!r}")
-    if not 0 <= value <= 1:
-        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
-    return float(value)
+# Composer's own messages, raised where Composer raises (code may match on them).
+INPUT_RANK_ERROR = "Input must be 3D, 4D, or 5D if scale_factor != 1, got {}"
+SCALE_FACTOR_ERROR = "scale_factor must be <= 1"
+REDUCTION_ERROR = "Loss function `loss_fun` must take a keyword argument `reduction`."
+CALLABLE_ERROR = "Loss function must be callable"
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def check_window(start: float, end: float, interrupt: int) -> None:
@@ -35,12 +38,12 @@ def check_window(start: float, end: float, interrupt: int) -> None:
         ...
         ValueError: interrupt must be 0 (never interrupt) or an int >= 2, got 1 ...
     """
-    _check_fraction("start", start)
-    _check_fraction("end", end)
+    check_fraction(start, "start")
+    check_fraction(end, "end")
     if start > end:
-        raise ValueError(f"start must be <= end, got start={start}, end={end}")
-    if isinstance(interrupt, bool) or not isinstance(interrupt, int):
-        raise TypeError(f"interrupt must be an int (0 or >= 2), got {interrupt!r}")
+        raise ValueError(f"start must be <= end, got start={start}, end={end}; swap them")
+    never = "0 (never interrupt) or an int >= 2"
+    check_int(interrupt, "interrupt", fix=f"pass {never}")
     if interrupt < 0 or interrupt == 1:
         raise ValueError(
             f"interrupt must be 0 (never interrupt) or an int >= 2, got {interrupt} "
@@ -76,9 +79,8 @@ def should_selective_backprop(
         Jiang et al. 2019; MosaicML Composer ``should_selective_backprop``.
     """
     check_window(start, end, interrupt)
-    _check_fraction("current_duration", current_duration)
-    if isinstance(batch_idx, bool) or not isinstance(batch_idx, int) or batch_idx < 0:
-        raise ValueError(f"batch_idx must be an int >= 0, got {batch_idx!r}")
+    check_fraction(current_duration, "current_duration")
+    check_int(batch_idx, "batch_idx", low=0)
     in_window = start <= current_duration < end
     return in_window and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
 
@@ -126,11 +128,14 @@ def select_using_loss(
         ``(input[idx], target[idx])`` with ``idx`` sorted ascending.
 
     Raises:
-        ValueError: if ``scale_factor != 1`` and the input is not 3-D/4-D/5-D, if
-            ``scale_factor`` is not in (0, 1], or ``keep`` not in (0, 1].
-        TypeError: if ``loss_fun`` does not accept ``reduction`` or is not callable, or
-            ``train`` is not ``None``/a bool or is given for a model that is not an
-            ``nn.Module``.
+        ValueError: if ``scale_factor != 1`` and the input is not 3-D/4-D/5-D, or
+            ``scale_factor > 1`` (both with Composer's messages, checked in Composer's order);
+            then if ``scale_factor`` is NaN or ``<= 0``, or ``keep`` is not in (0, 1].
+        TypeError: if ``loss_fun`` is not callable or does not accept ``reduction`` (Composer's
+            messages, ``"Loss function must be callable"`` and ``"Loss function `loss_fun`
+            must take a keyword argument `reduction`."``); then if ``scale_factor`` or
+            ``keep`` is not a number, or ``train`` is not ``None``/a bool or is given for a
+            model that is not an ``nn.Module``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -149,20 +154,16 @@ def select_using_loss(
     References:
         Jiang et al. 2019; MosaicML Composer ``select_using_loss``.
     """
-    # Composer's checks, in Composer's order, then ours.
+    # Composer's checks with Composer's messages, in Composer's order, then ours.
     if scale_factor != 1 and input.dim() not in _MODES:
-        raise ValueError(
-            f"scale_factor={scale_factor} needs a 3-D, 4-D or 5-D input; "
-            f"got shape {tuple(input.shape)}"
-        )
-    if scale_factor > 1:
-        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
+        raise ValueError(INPUT_RANK_ERROR.format(input.dim()))
+    if _is_real(scale_factor) and scale_factor > 1:
+        raise ValueError(SCALE_FACTOR_ERROR)
     if not callable(loss_fun):
-        raise TypeError(f"loss_fun must be callable, got {type(loss_fun).__name__}")
+        raise TypeError(CALLABLE_ERROR)
     if not _accepts_reduction(loss_fun):
-        raise TypeError("loss_fun must accept the keyword argument reduction='none'")
-    if scale_factor <= 0:
-        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
+        raise TypeError(REDUCTION_ERROR)
+    scale_factor = check_scale_factor(scale_factor)  # a number, not NaN, > 0
     keep = check_keep(keep)
     if train is not None and not isinstance(train, bool):
         raise TypeError(f"train must be None, True or False, got {train!r}")

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import NamedTuple
 
+from sbfunc.validation import check_int
+
 __all__ = ["ExchangePlan", "balanced_counts", "exchange_plan"]
 
 
@@ -52,10 +54,8 @@ def balanced_counts(total: int, world: int) -> list[int]:
     References:
         PyTorch ``torch.tensor_split`` (the same split of ``N`` into ``W`` near-equal parts).
     """
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be an int >= 1, got {world!r}")
-    if isinstance(total, bool) or not isinstance(total, int) or total < 0:
-        raise ValueError(f"total must be an int >= 0, got {total!r}")
+    check_int(world, "world", low=1)
+    check_int(total, "total", low=0)
     q, m = divmod(total, world)
     return [q + (d < m) for d in range(world)]
 
@@ -88,8 +88,7 @@ def exchange_plan(kept: Sequence[int], rank: int) -> ExchangePlan:
     world = len(kept)
     if world < 1 or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in kept):
         raise ValueError(f"kept must be a non-empty list of ints >= 0, got {list(kept)!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
+    check_int(rank, "rank", low=0, high=world - 1)
     src = [0, *accumulate(kept)]
     dst = [0, *accumulate(balanced_counts(src[-1], world))]
     send = [_overlap(src[rank], src[rank + 1], dst[d], dst[d + 1]) for d in range(world)]

@@ -21,6 +21,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.distributed.balance import balanced_counts
 from sbfunc.distributed.comm import Comm
+from sbfunc.validation import check_int
 
 __all__ = ["shard_ids", "sharded_batches"]
 
@@ -58,12 +59,9 @@ def shard_ids(
         ``jax.random.permutation``.
     """
     for name, value, low in (("n", n, 1), ("batch_size", batch_size, 1), ("epoch", epoch, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be an int >= 1, got {world!r}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise ValueError(f"rank must be an int in [0, {world}), got {rank!r}")
+        check_int(value, name, low=low)
+    check_int(world, "world", low=1)
+    check_int(rank, "rank", low=0, high=world - 1)
     order = sbrandom.permutation(sbrandom.fold_in(key, epoch), n)
     span = batch_size * world
     out = []

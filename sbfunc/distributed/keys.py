@@ -19,6 +19,7 @@ from sbfunc.distributed.comm import Comm
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.engine.algorithm import FLAGS, ApplyResult
 from sbfunc.engine.run import unpack_result
+from sbfunc.validation import check_int
 
 __all__ = ["per_rank", "rank_key"]
 
@@ -38,8 +39,7 @@ def rank_key(key: sbrandom.Key, rank: int) -> sbrandom.Key:
     References:
         JAX ``jax.random.fold_in`` (per-device streams from one key).
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise ValueError(f"rank must be an int >= 0, got {rank!r}")
+    check_int(rank, "rank", low=0)
     return sbrandom.fold_in(key, rank)
 
 

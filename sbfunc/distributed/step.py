@@ -28,6 +28,7 @@ from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, Params
 from sbfunc.optim import Optimizer
 from sbfunc.step import StepMetrics, StepPlan, TrainStep, make_train_step
+from sbfunc.validation import check_real
 
 __all__ = ["BufferSync", "DataParallelStep", "make_data_parallel_step"]
 
@@ -210,8 +211,7 @@ def make_data_parallel_step(
         comm = Comm()
     elif not isinstance(comm, Comm):
         raise TypeError(f"comm must be an sbfunc.distributed.Comm, got {comm!r}")
-    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, int | float) or not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be a number > 0, got {bucket_mb!r}")
+    check_real(bucket_mb, "bucket_mb", low=0, open_low=True)
     if buffers not in ("broadcast", "mean"):
         raise ValueError(f"buffers must be 'broadcast' or 'mean', got {buffers!r}")
     return DataParallelStep(base, comm, max(1, int(bucket_mb * 2**20)), buffers)

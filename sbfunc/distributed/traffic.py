@@ -15,14 +15,13 @@ import torch
 from sbfunc.distributed.balance import exchange_plan
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, buckets, nbytes
 from sbfunc.distributed.meter import Traffic
+from sbfunc.validation import check_int
 
 __all__ = ["gather_traffic", "gradient_traffic", "rebalance_traffic"]
 
 
 def _check_world(world: int) -> int:
-    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
-        raise ValueError(f"world must be an int >= 1, got {world!r}")
-    return world
+    return check_int(world, "world", low=1)
 
 
 def gradient_traffic(

@@ -17,6 +17,7 @@ from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.events import Event
 from sbfunc.engine.run import stream_ids, unpack_result
 from sbfunc.engine.state import State
+from sbfunc.validation import check_fraction, check_int
 
 __all__ = ["chain", "during", "every_n_steps", "named_chain", "on_events", "when"]
 
@@ -229,12 +230,6 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
     return _Gated(algorithm, lambda event, state: event in allowed, f"on_events({names})")
 
 
-def _check_fraction(value: float, arg: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-        raise ValueError(f"{arg} must be a fraction of training in [0, 1], got {value!r}")
-    return float(value)
-
-
 def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
     """Run ``algorithm`` only while ``start <= state.time.elapsed < end`` (half-open).
 
@@ -247,8 +242,10 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
         An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
-        TypeError: if ``algorithm`` is not an ``Algorithm``.
-        ValueError: if ``start`` or ``end`` is outside ``[0, 1]`` or ``end < start``.
+        TypeError: if ``algorithm`` is not an ``Algorithm``, or ``start``/``end`` is not a
+            number.
+        ValueError: if ``start`` or ``end`` is outside ``[0, 1]`` (NaN included) or
+            ``end < start``.
 
     Example:
         >>> from sbfunc.engine import Event, during
@@ -263,7 +260,7 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
         MosaicML Composer ``should_selective_backprop`` window; optax schedules.
     """
     _check_algorithm(algorithm, "algorithm")
-    lo, hi = _check_fraction(start, "start"), _check_fraction(end, "end")
+    lo, hi = check_fraction(start, "start"), check_fraction(end, "end")
     if hi < lo:
         raise ValueError(f"end must be in [start, 1] = [{lo}, 1], got {end!r}")
     return _Gated(
@@ -285,8 +282,9 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
         An :class:`Algorithm` with ``algorithm``'s name, state and flags.
 
     Raises:
-        TypeError: if ``algorithm`` is not an ``Algorithm``.
-        ValueError: if ``n < 1`` or ``offset < 0`` (or either is not an int).
+        TypeError: if ``algorithm`` is not an ``Algorithm``, or ``n``/``offset`` is not an
+            int.
+        ValueError: if ``n < 1`` or ``offset < 0``.
 
     Example:
         >>> from sbfunc.engine import Event, every_n_steps
@@ -301,10 +299,8 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
         optax ``MultiSteps``; PyTorch Lightning ``every_n_train_steps``.
     """
     _check_algorithm(algorithm, "algorithm")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be an int >= 1, got {n!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+    check_int(n, "n", low=1)
+    check_int(offset, "offset", low=0)
 
     def gate(event: Event, state: State) -> bool:
         step = state.time.step

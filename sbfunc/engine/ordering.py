@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from sbfunc.engine.algorithm import FLAGS, Algorithm
 from sbfunc.engine.events import Event
+from sbfunc.validation import check_int
 
 __all__ = [
     "DEFAULT_PASSES",
@@ -403,9 +404,6 @@ def register_pass(
     if index is None:
         out.append(new_pass)
     else:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"index must be an int or None, got {index!r}")
-        if not -len(out) <= index <= len(out):
-            raise ValueError(f"index must be in [{-len(out)}, {len(out)}], got {index}")
+        check_int(index, "index", low=-len(out), high=len(out), fix="or None to append")
         out.insert(index, new_pass)
     return tuple(out)

@@ -24,7 +24,8 @@ from sbfunc.optim._base import (
     resolve,
     zero_count,
 )
-from sbfunc.optim._checks import check_bool, check_real, check_real_or_schedule
+from sbfunc.optim._checks import check_real_or_schedule
+from sbfunc.validation import check_bool, check_real
 
 __all__ = ["AdamState", "adam", "adamw", "decoupled_adamw"]
 
@@ -173,9 +174,9 @@ def _check_adam(
     lr: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any
 ) -> dict[str, Any]:
     return {
-        "lr": check_real_or_schedule(lr, "lr", low_open=True),
-        "b1": check_real(b1, "b1", low=0.0, high=1.0, high_open=True),
-        "b2": check_real(b2, "b2", low=0.0, high=1.0, high_open=True),
+        "lr": check_real_or_schedule(lr, "lr", open_low=True),
+        "b1": check_real(b1, "b1", low=0.0, high=1.0, open_high=True),
+        "b2": check_real(b2, "b2", low=0.0, high=1.0, open_high=True),
         "eps": check_real(eps, "eps", low=0.0),
         "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
         "amsgrad": check_bool(amsgrad, "amsgrad"),

@@ -9,8 +9,9 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc.module import Params
-from sbfunc.optim._checks import check_real, describe
+from sbfunc.optim._checks import describe
 from sbfunc.optim._schedules import value_at
+from sbfunc.validation import check_real
 
 __all__ = [
     "Hyperparams",
@@ -142,7 +143,7 @@ def check_initial_lr(initial_lr: float | None, lr: float | Callable[..., Any]) -
     given (``> 0``), else a float ``lr`` itself, else the schedule's value at step 0, which must
     then be ``> 0`` (a warm-up from 0 needs an explicit ``initial_lr``, such as its peak)."""
     if initial_lr is not None:
-        return check_real(initial_lr, "initial_lr", low=0.0, low_open=True)
+        return check_real(initial_lr, "initial_lr", low=0.0, open_low=True)
     if not callable(lr):
         return lr
     first = float(value_at(lr, torch.zeros((), dtype=torch.int64)))  # once, at construction

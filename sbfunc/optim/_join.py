@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from sbfunc.optim._checks import check_int, check_real, describe
+from sbfunc.optim._checks import describe
 from sbfunc.optim._schedules import (
     NamedSchedule,
     Schedule,
@@ -15,6 +15,7 @@ from sbfunc.optim._schedules import (
     linear_schedule,
     value_at,
 )
+from sbfunc.validation import check_int, check_real
 
 __all__ = ["join_schedules", "warmup_cosine_decay_schedule"]
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from sbfunc.optim._checks import check_bool, check_int, check_real, describe
+from sbfunc.optim._checks import describe
+from sbfunc.validation import check_bool, check_int, check_real
 
 __all__ = [
     "NamedSchedule",
@@ -248,7 +249,7 @@ def exponential_decay(
     """
     init = check_real(init, "init")
     steps = check_int(transition_steps, "transition_steps", low=1)
-    rate = check_real(decay_rate, "decay_rate", low=0.0, low_open=True)
+    rate = check_real(decay_rate, "decay_rate", low=0.0, open_low=True)
     begin = check_int(transition_begin, "transition_begin", low=0)
     staircase = check_bool(staircase, "staircase")
     bound = None if end is None else check_real(end, "end")

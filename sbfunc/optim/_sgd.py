@@ -23,7 +23,8 @@ from sbfunc.optim._base import (
     resolve,
     zero_count,
 )
-from sbfunc.optim._checks import check_bool, check_real, check_real_or_schedule
+from sbfunc.optim._checks import check_real_or_schedule
+from sbfunc.validation import check_bool, check_real
 
 __all__ = ["SGDState", "decoupled_sgdw", "sgd"]
 
@@ -136,7 +137,7 @@ def _check_sgd(
     lr: Any, momentum: Any, dampening: Any, nesterov: Any, weight_decay: Any, maximize: Any
 ) -> dict[str, Any]:
     args = {
-        "lr": check_real_or_schedule(lr, "lr", low_open=True),
+        "lr": check_real_or_schedule(lr, "lr", open_low=True),
         "momentum": check_real(momentum, "momentum", low=0.0),
         "dampening": check_real(dampening, "dampening", low=0.0, high=1.0),
         "nesterov": check_bool(nesterov, "nesterov"),

@@ -19,6 +19,7 @@ from sbfunc.batch import PerSample, batch_size, take
 from sbfunc.module import LossFn, Params, reduce_per_sample
 from sbfunc.per_sample.fallback import vmap_grads
 from sbfunc.per_sample.intercept import LayerRecorder
+from sbfunc.validation import check_int
 
 __all__ = ["Stat", "check_subsampling", "check_wrt", "compute", "resolve_wrt"]
 
@@ -252,10 +253,8 @@ def compute(
     References:
         Dangel et al. 2020, "BackPACK: Packing more into backprop".
     """
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
-    ):
-        raise ValueError(f"chunk_size must be None or an int >= 1, got {chunk_size!r}")
+    if chunk_size is not None:
+        check_int(chunk_size, "chunk_size", low=1, fix="or None for one chunk")
     names = resolve_wrt(wrt, params)
     n = batch_size(batch, per_sample=per_sample)
     idx = None

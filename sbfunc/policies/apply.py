@@ -11,6 +11,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.batch import Field, batch_size, extract, take
 from sbfunc.policies.base import Policy, PolicyState
+from sbfunc.score.losses import batch_device
 
 __all__ = ["Pruned", "apply_policy", "score_needed"]
 
@@ -120,8 +121,8 @@ def score_needed(
         ``(scores, scored, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows
         (zeros elsewhere), the ``bool Tensor[N]`` of scored rows to pass as
         ``select(..., scored=...)`` (``None`` when every row was scored), and the number of
-        rows scored (``score_fn`` is not called when it is 0). With ``score_rows`` that number
-        is data-dependent (a variable shape).
+        rows scored (``score_fn`` is not called when it is 0, e.g. for an empty batch). With
+        ``score_rows`` that number is data-dependent (a variable shape).
 
     Example:
         >>> from sbfunc.policies import score_needed, stale_sb
@@ -134,9 +135,11 @@ def score_needed(
     References:
         Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
     """
-    if policy.score_rows is None:
-        return score_fn(batch), None, batch_size(batch)
     n = batch_size(batch)
+    if n == 0:  # an empty batch: no forward, and select returns an empty selection
+        return torch.zeros(0, device=batch_device(batch)), None, 0
+    if policy.score_rows is None:
+        return score_fn(batch), None, n
     scored = policy.score_rows(state, ids, epoch)
     rows = scored.nonzero().reshape(-1)  # variable size
     if rows.shape[0] == 0:  # every row's loss is remembered: no forward at all

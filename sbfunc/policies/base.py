@@ -16,13 +16,13 @@ biased on purpose: they focus the step on the selected rows.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc import validation
 from sbfunc.select import Selection
 
 __all__ = [
@@ -132,7 +132,8 @@ class EmptyState(NamedTuple):
 
 
 def check_fraction(value: float, name: str, *, low: float = 0.0, closed_low: bool = True) -> float:
-    """Validate a float in ``[low, 1]`` (or ``(low, 1]``) and return it.
+    """Validate a float in ``[low, 1]`` (or ``(low, 1]``) and return it: kept for existing
+    callers, :func:`sbfunc.validation.check_fraction` with ``open_low=not closed_low``.
 
     Args:
         value: the argument.
@@ -142,7 +143,7 @@ def check_fraction(value: float, name: str, *, low: float = 0.0, closed_low: boo
 
     Raises:
         TypeError: for a non-number (or a bool).
-        ValueError: outside the range.
+        ValueError: outside the range (NaN included).
 
     Example:
         >>> from sbfunc.policies import check_fraction
@@ -152,17 +153,12 @@ def check_fraction(value: float, name: str, *, low: float = 0.0, closed_low: boo
     References:
         sbfunc CONTRIBUTING (validate at construction).
     """
-    interval = f"{'[' if closed_low else '('}{low}, 1]"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a float in {interval}, got {value!r}")
-    ok_low = value >= low if closed_low else value > low
-    if not (math.isfinite(value) and ok_low and value <= 1):
-        raise ValueError(f"{name} must be in {interval}, got {value!r}")
-    return float(value)
+    return validation.check_fraction(value, name, low=low, open_low=not closed_low)
 
 
 def check_positive_int(value: int, name: str, *, minimum: int = 1) -> int:
-    """Validate an int ``>= minimum`` and return it.
+    """Validate an int ``>= minimum`` and return it: kept for existing callers,
+    :func:`sbfunc.validation.check_int` with ``low=minimum``.
 
     Raises:
         TypeError: for a non-int (or a bool).
@@ -176,39 +172,27 @@ def check_positive_int(value: int, name: str, *, minimum: int = 1) -> int:
     References:
         sbfunc CONTRIBUTING (validate at construction).
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+    return validation.check_int(value, name, low=minimum)
 
 
 def check_scores(scores: torch.Tensor) -> int:
-    """Validate per-sample scores (a non-empty 1-D floating tensor) and return ``N``.
+    """Validate per-sample scores (a 1-D floating tensor, possibly empty) and return ``N``.
 
     Raises:
-        ValueError: for another shape or dtype.
+        TypeError: for a non-tensor or a non-floating dtype.
+        ValueError: for another shape.
 
     Example:
         >>> from sbfunc.policies import check_scores
-        >>> check_scores(torch.zeros(3))
-        3
+        >>> check_scores(torch.zeros(3)), check_scores(torch.zeros(0))
+        (3, 0)
 
     References:
         Jiang et al. 2019 (per-sample loss scores).
     """
-    if (
-        not isinstance(scores, torch.Tensor)
-        or scores.dim() != 1
-        or scores.shape[0] < 1
-        or not scores.dtype.is_floating_point
-    ):
-        got = (
-            f"shape {tuple(scores.shape)}, dtype {scores.dtype}"
-            if isinstance(scores, torch.Tensor)
-            else type(scores).__name__
-        )
-        raise ValueError(f"scores must be a non-empty 1-D floating tensor [N], got {got}")
+    validation.check_tensor(
+        scores, "scores", dim=1, floating=True, fix="pass one float score per row, a Tensor[N]"
+    )
     return scores.shape[0]
 
 
@@ -273,8 +257,9 @@ def bernoulli_selection(
 ) -> Selection:
     """Keep every row independently with probability ``inclusion[i]``; at least one row.
 
-    When no row is drawn, the row with the highest probability is kept (that event has
-    probability ``prod(1 - pi_i)`` and is the only deviation from the independent law).
+    When no row is drawn, a row with the highest probability is kept, chosen uniformly among
+    the tied ones (that event has probability ``prod(1 - pi_i)`` and is the only deviation
+    from the independent law).
 
     Args:
         inclusion: ``Tensor[N]`` of probabilities in ``[0, 1]``.
@@ -282,7 +267,8 @@ def bernoulli_selection(
         weighted: attach :func:`horvitz_thompson` weights.
 
     Returns:
-        A :class:`Selection` with sorted unique indices of variable size ``>= 1``.
+        A :class:`Selection` with sorted unique indices of variable size ``>= 1`` (0 for
+        ``N = 0``).
 
     Example:
         >>> from sbfunc.policies import bernoulli_selection
@@ -297,8 +283,10 @@ def bernoulli_selection(
         key, tuple(inclusion.shape), device=inclusion.device, dtype=inclusion.dtype
     )
     mask = u < inclusion
-    top = torch.zeros_like(mask).index_fill_(0, torch.argmax(inclusion).reshape(1), True)
-    mask = mask | (top & ~mask.any())
+    if inclusion.shape[0] > 0:  # no row drawn: the likeliest row, ties by the smallest draw
+        likeliest = torch.where(inclusion == inclusion.max(), u, 2.0)
+        top = torch.zeros_like(mask).index_fill_(0, torch.argmin(likeliest).reshape(1), True)
+        mask = mask | (top & ~mask.any())
     kept = mask.nonzero().reshape(-1)  # variable size: the one unavoidable shape read
     return Selection(kept, horvitz_thompson(inclusion, kept) if weighted else None)
 
@@ -330,6 +318,8 @@ def make_policy(
 ) -> Policy:
     """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
     (Selection, state)``; ``select`` validates the scores and packs its keyword arguments.
+    Scores of zero rows give an empty selection and the state unchanged, without calling
+    ``rule``.
 
     Example:
         >>> from sbfunc.policies import EmptyState, make_policy
@@ -351,7 +341,8 @@ def make_policy(
         elapsed: float | torch.Tensor = 0.0,
         scored: torch.Tensor | None = None,
     ) -> tuple[Selection, PolicyState]:
-        check_scores(scores)
+        if check_scores(scores) == 0:  # an empty batch: nothing to select, nothing learned
+            return Selection(torch.zeros(0, dtype=torch.int64, device=scores.device)), state
         if scored is not None and (scored.shape != scores.shape or scored.dtype != torch.bool):
             raise ValueError(
                 f"scored must be a bool Tensor{list(scores.shape)} like the scores, got "

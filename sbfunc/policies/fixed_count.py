@@ -7,6 +7,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies.base import Policy, check_ids, stateless
 from sbfunc.select import Selection, check_keep, random_subset, rank_power, top_k
+from sbfunc.validation import check_tensor
 
 __all__ = ["random_policy", "rank_power_policy", "rho_loss", "top_k_policy"]
 
@@ -100,8 +101,9 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
             device; the looked-up values move to the scores' device).
 
     Raises:
-        ValueError, TypeError: for ``keep`` outside (0, 1] or ``irreducible`` not a 1-D
-            floating tensor; at ``select``, ``ValueError`` without ``ids``.
+        TypeError: for ``keep`` not a number, or ``irreducible`` not a floating tensor.
+        ValueError: for ``keep`` outside (0, 1] or ``irreducible`` not 1-D; at ``select``,
+            without ``ids``.
 
     Example:
         >>> from sbfunc.policies import rho_loss
@@ -116,15 +118,9 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
         Learning, and Not Yet Learnt".
     """
     keep = check_keep(keep)
-    if (
-        not isinstance(irreducible, torch.Tensor)
-        or irreducible.dim() != 1
-        or not irreducible.dtype.is_floating_point
-    ):
-        raise TypeError(
-            "irreducible must be a 1-D floating Tensor[M] indexed by sample id, got "
-            f"{irreducible!r:.60}"
-        )
+    check_tensor(
+        irreducible, "irreducible", dim=1, floating=True, fix="index it by sample id, Tensor[M]"
+    )
     table = irreducible.detach().clone()
 
     def rule(scores: torch.Tensor, key: sbrandom.Key, ids: torch.Tensor | None) -> Selection:

@@ -7,9 +7,10 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies.base import Policy, SelectArgs, check_fraction, check_scores, make_policy
+from sbfunc.policies.base import Policy, SelectArgs, check_scores, make_policy
 from sbfunc.policies.tables import Device
 from sbfunc.select import Selection, check_keep, kept_count, random_subset
+from sbfunc.validation import check_fraction, check_int
 
 __all__ = [
     "ImportanceState",
@@ -82,11 +83,18 @@ def logit_grad_norm(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 def _sampling_probs(scores: torch.Tensor) -> torch.Tensor:
-    """Scores normalised to a distribution (uniform when they are all zero)."""
-    s = scores.detach().clamp_min(0)
+    """Scores normalised to a distribution (uniform when they are all zero). NaN and ``+inf``
+    scores rank highest (:mod:`sbfunc.select.base`): when there are any, they share all the
+    mass equally (the limit of scores growing without bound); ``-inf`` and negative scores
+    get none."""
+    s = scores.detach()
+    top = s.isnan() | s.isposinf()
+    s = torch.where(top, 0.0, s).clamp_min(0)
     total = s.sum()
     uniform = torch.full_like(s, 1.0 / s.shape[0])
-    return torch.where(total > 0, s / total.clamp_min(torch.finfo(s.dtype).tiny), uniform)
+    probs = torch.where(total > 0, s / total.clamp_min(torch.finfo(s.dtype).tiny), uniform)
+    n_top = top.sum()
+    return torch.where(n_top > 0, top.to(s.dtype) / n_top.clamp_min(1), probs)
 
 
 def _reduction(g: torch.Tensor) -> torch.Tensor:
@@ -113,7 +121,8 @@ def variance_reduction(scores: torch.Tensor) -> torch.Tensor:
     References:
         Katharopoulos & Fleuret 2018, Algorithm 1 (the ``tau`` update).
     """
-    check_scores(scores)
+    if check_scores(scores) == 0:  # nothing to sample: no reduction
+        return torch.ones((), dtype=scores.dtype, device=scores.device)
     return _reduction(_sampling_probs(scores))
 
 
@@ -127,6 +136,7 @@ def tau_threshold(presample: int, batch: int) -> float:
         batch: ``b``, the backpropagated batch size, >= 1.
 
     Raises:
+        TypeError: for a ``batch`` or ``presample`` that is not an int.
         ValueError: for ``batch < 1`` or ``presample < batch``.
 
     Example:
@@ -137,10 +147,8 @@ def tau_threshold(presample: int, batch: int) -> float:
     References:
         Katharopoulos & Fleuret 2018, Algorithm 1.
     """
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-    if isinstance(presample, bool) or not isinstance(presample, int) or presample < batch:
-        raise ValueError(f"presample must be an int >= batch ({batch}), got {presample!r}")
+    check_int(batch, "batch", low=1)
+    check_int(presample, "presample", low=batch, fix="the presample includes the batch")
     return (presample + 3 * batch) / (3 * batch)
 
 
@@ -154,7 +162,9 @@ def grad_norm_importance(
     **with replacement** with ``p_i = s_i / sum(s)``. A row drawn ``c_i`` times out of ``k``
     appears once with weight ``(u/k) * c_i / (N p_i)`` (``u`` distinct rows), so the mean of
     ``w * L`` over the kept rows equals ``(1/k) * sum_draws L / (N p)``, an unbiased estimate of
-    the full-batch mean loss. With ``switch=True`` the state keeps an exponential moving
+    the full-batch mean loss. NaN and ``+inf`` scores rank highest (:mod:`sbfunc.select.base`):
+    when a batch has any, they share all the probability mass. With ``switch=True`` the state
+    keeps an exponential moving
     average ``tau`` of :func:`variance_reduction`; while ``tau <= tau_threshold(N, k)`` (it
     starts at 0) the policy draws a uniform subset of ``k`` rows with unit weights instead.
 
@@ -180,9 +190,7 @@ def grad_norm_importance(
         Importance Sampling".
     """
     keep = check_keep(keep)
-    smoothing = check_fraction(smoothing, "smoothing")
-    if smoothing >= 1:
-        raise ValueError(f"smoothing must be in [0, 1), got {smoothing!r}")
+    smoothing = check_fraction(smoothing, "smoothing", open_high=True)
 
     def init() -> ImportanceState:
         return ImportanceState(torch.zeros((), device=device))

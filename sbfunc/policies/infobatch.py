@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sbfunc.policies.base import (
-    Policy,
-    SelectArgs,
-    bernoulli_selection,
-    check_fraction,
-    check_ids,
-    check_positive_int,
-    make_policy,
-)
+from sbfunc.policies.base import Policy, SelectArgs, bernoulli_selection, check_ids, make_policy
 from sbfunc.policies.tables import (
     Device,
     LossTable,
@@ -22,6 +14,7 @@ from sbfunc.policies.tables import (
     table_record,
 )
 from sbfunc.select import Selection
+from sbfunc.validation import check_fraction, check_int
 
 __all__ = ["infobatch"]
 
@@ -41,7 +34,9 @@ def infobatch(
     Once ``elapsed >= delta`` every row is kept with unit weights (the annealing phase).
     The decision uses only the recorded losses, so only ids never recorded need a score
     (``score_rows``); fresh scores are recorded after the decision, and ``record`` takes the
-    training forward's losses of the kept rows (what InfoBatch uses). Needs ``ids``.
+    training forward's losses of the kept rows (what InfoBatch uses). A row whose fresh score
+    is NaN or ``+inf`` ranks highest (:mod:`sbfunc.select.base`): it is never pruned, and is
+    not recorded. Needs ``ids``.
 
     Args:
         prune_ratio: ``r``, the drop probability of a well-learned row, in [0, 1).
@@ -68,11 +63,9 @@ def infobatch(
         Qin et al. 2024, "InfoBatch: Lossless Training Speed Up by Unbiased Dynamic Data
         Pruning".
     """
-    prune_ratio = check_fraction(prune_ratio, "prune_ratio")
-    if prune_ratio >= 1:
-        raise ValueError(f"prune_ratio must be in [0, 1), got {prune_ratio!r}")
+    prune_ratio = check_fraction(prune_ratio, "prune_ratio", open_high=True)
     delta = check_fraction(delta, "delta")
-    check_positive_int(num_ids, "num_ids")
+    check_int(num_ids, "num_ids", low=1)
 
     def init() -> LossTable:
         return table_init(num_ids, device=device)
@@ -86,6 +79,8 @@ def infobatch(
         mine = table_lookup(state, ids)
         pruning = torch.as_tensor(a.elapsed, device=scores.device) < delta  # else: anneal
         learned = ((mine.epoch >= 0) & (mine.loss < mean)).to(scores.device) & pruning
+        top = scores.isnan() | scores.isposinf()  # NaN and +inf rank highest: never pruned
+        learned = learned & ~(top if a.scored is None else top & a.scored)
         inclusion = torch.where(learned, 1.0 - prune_ratio, 1.0).to(scores)
         return bernoulli_selection(inclusion, a.key, weighted=True), table
 

@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies.base import (
-    Policy,
-    SelectArgs,
-    bernoulli_selection,
-    check_fraction,
-    check_ids,
-    check_positive_int,
-    make_policy,
-)
+from sbfunc.policies.base import Policy, SelectArgs, bernoulli_selection, check_ids, make_policy
 from sbfunc.policies.tables import (
     Device,
     LossHistory,
@@ -30,6 +21,7 @@ from sbfunc.policies.tables import (
     table_record,
 )
 from sbfunc.select import Selection
+from sbfunc.validation import check_fraction, check_int, check_real
 
 __all__ = ["StaleState", "jiang_cdf", "needs_scoring", "stale_sb"]
 
@@ -57,11 +49,7 @@ class StaleState(NamedTuple):
 
 
 def _check_beta(beta: float) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, int | float):
-        raise TypeError(f"beta must be a float > 0, got {beta!r}")
-    if not (math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta must be a finite float > 0, got {beta!r}")
-    return float(beta)
+    return check_real(beta, "beta", low=0, open_low=True, fix="beta=1 keeps about half")
 
 
 def _cdf_select(
@@ -118,7 +106,7 @@ def jiang_cdf(
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
     beta = _check_beta(beta)
-    check_positive_int(history, "history")
+    check_int(history, "history", low=1)
     sampling_min = check_fraction(sampling_min, "sampling_min")
 
     def init() -> LossHistory:
@@ -212,9 +200,9 @@ def stale_sb(
         (Stale-SB).
     """
     beta = _check_beta(beta)
-    check_positive_int(num_ids, "num_ids")
-    check_positive_int(max_age, "max_age")
-    check_positive_int(history, "history")
+    check_int(num_ids, "num_ids", low=1)
+    check_int(max_age, "max_age", low=1)
+    check_int(history, "history", low=1)
     sampling_min = check_fraction(sampling_min, "sampling_min")
 
     def init() -> StaleState:

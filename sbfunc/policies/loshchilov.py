@@ -7,7 +7,7 @@ import math
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies.base import Policy, SelectArgs, check_ids, check_positive_int, make_policy
+from sbfunc.policies.base import Policy, SelectArgs, check_ids, make_policy
 from sbfunc.policies.tables import (
     Device,
     LossTable,
@@ -17,8 +17,20 @@ from sbfunc.policies.tables import (
     table_record,
 )
 from sbfunc.select import Selection, check_keep, gumbel_top_k, kept_count
+from sbfunc.validation import check_int, check_real
 
 __all__ = ["loshchilov"]
+
+
+def _nonfinite_ranks(
+    rank: torch.Tensor, scores: torch.Tensor, scored: torch.Tensor | None, seen: torch.Tensor
+) -> torch.Tensor:
+    """Fresh NaN and ``+inf`` scores (never recorded) rank first, fresh ``-inf`` ones last."""
+    fresh = torch.ones_like(scores, dtype=torch.bool) if scored is None else scored
+    top = fresh & (scores.isnan() | scores.isposinf())
+    bottom = fresh & scores.isneginf()
+    last = (seen.to(rank.device) - 1).clamp_min(0)
+    return torch.where(top, 0, torch.where(bottom, last, rank))
 
 
 def loshchilov(
@@ -38,7 +50,9 @@ def loshchilov(
     ``s_e`` times likelier than the bottom one. ``max(1, floor(keep*N))`` rows are drawn without
     replacement in proportion to these weights (Gumbel-top-k). ``weights=None`` (biased on
     purpose). Only ids never recorded, or recorded ``max_age`` epochs ago or more, need a
-    fresh score (``score_rows``): the paper ranks by the latest *known* loss. Needs ``ids``.
+    fresh score (``score_rows``): the paper ranks by the latest *known* loss. A fresh NaN or
+    ``+inf`` score ranks first and a fresh ``-inf`` last (:mod:`sbfunc.select.base`); neither
+    is recorded. Needs ``ids``.
 
     Args:
         s_e: selection pressure, the top-to-bottom probability ratio, a float >= 1
@@ -65,14 +79,11 @@ def loshchilov(
         Loshchilov & Hutter 2015, "Online Batch Selection for Faster Training of Neural
         Networks".
     """
-    if isinstance(s_e, bool) or not isinstance(s_e, int | float):
-        raise TypeError(f"s_e must be a float >= 1, got {s_e!r}")
-    if not (math.isfinite(s_e) and s_e >= 1):
-        raise ValueError(f"s_e must be a finite float >= 1, got {s_e!r}")
+    check_real(s_e, "s_e", low=1, fix="s_e=1 selects uniformly")
     keep = check_keep(keep)
-    check_positive_int(num_ids, "num_ids")
+    check_int(num_ids, "num_ids", low=1)
     if max_age is not None:
-        check_positive_int(max_age, "max_age")
+        check_int(max_age, "max_age", low=1)
     log_s_e = math.log(s_e)
 
     def init() -> LossTable:
@@ -83,6 +94,7 @@ def loshchilov(
         ids = check_ids(a.ids, n, "loshchilov")
         table = table_record(state, ids, scores, a.epoch, mask=a.scored)
         rank, seen = table_ranks(table, ids)
+        rank = _nonfinite_ranks(rank.to(scores.device), scores, a.scored, seen)
         span = (seen - 1).clamp_min(1).to(scores)
         log_w = (-log_s_e * rank.to(scores) / span).to(scores.device)
         gumbel = sbrandom.gumbel(a.key, (n,), device=scores.device, dtype=scores.dtype)

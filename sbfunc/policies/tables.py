@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.policies.base import check_positive_int
+from sbfunc.validation import check_int
 
 __all__ = [
     "LossHistory",
@@ -30,7 +30,7 @@ class LossHistory(NamedTuple):
 
     Attributes:
         values: ``Tensor[R]`` of losses; slot ``i`` is valid once ``pushed > i``.
-        pushed: 0-d ``int64`` tensor, the number of losses ever pushed.
+        pushed: 0-d ``int64`` tensor, the number of (finite) losses ever pushed.
 
     Example:
         >>> from sbfunc.policies import history_init
@@ -79,40 +79,53 @@ def history_init(size: int, *, device: Device = None) -> LossHistory:
     References:
         Jiang et al. 2019 (the loss history of size R).
     """
-    check_positive_int(size, "history")
+    check_int(size, "history", low=1)
     return LossHistory(
         torch.zeros(size, device=device), torch.zeros((), dtype=torch.int64, device=device)
     )
 
 
 def history_push(history: LossHistory, losses: torch.Tensor) -> LossHistory:
-    """Append ``losses`` to the ring buffer (the oldest are overwritten); returns a new buffer.
+    """Append the finite ``losses`` to the ring buffer (the oldest are overwritten); returns a
+    new buffer. NaN and infinite losses are left out, so they never poison the CDF.
 
     Example:
         >>> from sbfunc.policies import history_init, history_push
         >>> history_push(history_init(3), torch.tensor([1.0, 2.0, 3.0, 4.0]))
         LossHistory(values=tensor([4., 2., 3.]), pushed=tensor(4))
+        >>> history_push(history_init(3), torch.tensor([1.0, float("nan"), 2.0]))
+        LossHistory(values=tensor([1., 2., 0.]), pushed=tensor(2))
 
     References:
-        Jiang et al. 2019 (the loss history of size R).
+        Jiang et al. 2019 (the loss history of size R); optax ``apply_if_finite``
+        (non-finite values never reach the state).
     """
     size, n = history.values.shape[0], losses.shape[0]
-    last = losses[max(0, n - size) :].to(history.values)  # only the last R can survive
-    offsets = torch.arange(n - last.shape[0], n, device=history.values.device)
-    values = history.values.index_put(((history.pushed + offsets) % size,), last)
-    return LossHistory(values, history.pushed + n)
+    dev = history.values.device
+    finite = torch.isfinite(losses).to(dev)
+    # The finite losses first, in their order (a stable sort of the flags), then write the
+    # last R of them; the other positions write into a spare slot that is dropped.
+    order = torch.argsort((~finite).to(torch.uint8), stable=True)
+    values = losses.to(history.values).index_select(0, order)
+    count = finite.sum()
+    j = torch.arange(n, device=dev)
+    keep = (j < count) & (j >= count - size)
+    slot = torch.where(keep, (history.pushed + j) % size, size)
+    spare = torch.cat([history.values, history.values.new_zeros(1)])
+    return LossHistory(spare.index_put((slot,), values)[:size], history.pushed + count)
 
 
 def history_cdf(history: LossHistory, losses: torch.Tensor) -> torch.Tensor:
     """The empirical CDF of the valid history entries at ``losses``: the share ``<= L``.
 
-    Returns 0 for an empty history.
+    Returns 0 for an empty history, except that NaN and ``+inf`` losses always get 1 (they
+    rank highest, see :mod:`sbfunc.select.base`) and ``-inf`` gets 0.
 
     Example:
         >>> from sbfunc.policies import history_cdf, history_init, history_push
         >>> h = history_push(history_init(8), torch.tensor([1.0, 2.0, 3.0, 4.0]))
-        >>> history_cdf(h, torch.tensor([0.5, 2.0, 9.0]))
-        tensor([0.0000, 0.5000, 1.0000])
+        >>> history_cdf(h, torch.tensor([0.5, 2.0, 9.0, float("nan")]))
+        tensor([0.0000, 0.5000, 1.0000, 1.0000])
 
     References:
         Jiang et al. 2019 (the percentile ``CDF_R(L)``).
@@ -122,7 +135,8 @@ def history_cdf(history: LossHistory, losses: torch.Tensor) -> torch.Tensor:
     ordered = torch.sort(torch.where(valid, history.values, torch.inf)).values
     num_valid = valid.sum()
     below = torch.searchsorted(ordered, losses.to(ordered), right=True).clamp_max(num_valid)
-    return below.to(losses.dtype) / num_valid.clamp_min(1).to(losses.dtype)
+    cdf = below.to(losses.dtype) / num_valid.clamp_min(1).to(losses.dtype)
+    return torch.where(losses.isnan() | losses.isposinf(), 1.0, cdf)
 
 
 def table_init(num_ids: int, *, device: Device = None) -> LossTable:
@@ -139,7 +153,7 @@ def table_init(num_ids: int, *, device: Device = None) -> LossTable:
     References:
         Loshchilov & Hutter 2015 (the latest known loss of every sample).
     """
-    check_positive_int(num_ids, "num_ids")
+    check_int(num_ids, "num_ids", low=1)
     return LossTable(
         torch.zeros(num_ids, device=device),
         torch.full((num_ids,), -1, dtype=torch.int64, device=device),

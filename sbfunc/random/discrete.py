@@ -7,8 +7,9 @@ import math
 import torch
 
 from sbfunc.random._threefry import MASK
-from sbfunc.random.keys import Key, check_int, check_key, split
+from sbfunc.random.keys import Key, check_key, split
 from sbfunc.random.sampling import Device, Shape, bits, target_device, uniform
+from sbfunc.validation import check_int
 
 __all__ = ["categorical", "permutation", "randint"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sbfunc.random._threefry import MASK, Word, block, counters, host_words, words
+from sbfunc.validation import check_int
 
 __all__ = ["Key", "check_key", "fold_in", "is_key", "key", "split"]
 
@@ -72,15 +73,6 @@ def check_key(obj: object, name: str = "key") -> Key:
         )
     assert isinstance(obj, torch.Tensor)
     return obj
-
-
-def check_int(value: object, name: str, *, low: int | None = None) -> int:
-    """``value`` if it is an int (not a bool) that is ``>= low``; else TypeError/ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {_describe(value)}")
-    if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
 
 
 def key(seed: int, *, device: torch.device | str | None = None) -> Key:

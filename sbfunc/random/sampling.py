@@ -15,6 +15,7 @@ import torch
 
 from sbfunc.random._threefry import block, counters, normalize_shape, words
 from sbfunc.random.keys import Key, check_key
+from sbfunc.validation import check_fraction, check_real
 
 __all__ = ["bernoulli", "bits", "gumbel", "gumbel_from_uniform", "normal", "uniform"]
 
@@ -105,14 +106,6 @@ def _unit(k: Key, shape: Shape, dtype: torch.dtype, device: torch.device) -> tor
     return grid.to(dtype) * 2.0**-mant
 
 
-def _check_real(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
-
-
 def uniform(
     k: Key,
     shape: Shape,
@@ -153,7 +146,7 @@ def uniform(
     References:
         JAX ``jax.random.uniform`` (the mantissa construction).
     """
-    lo, hi = _check_real(minval, "minval"), _check_real(maxval, "maxval")
+    lo, hi = check_real(minval, "minval"), check_real(maxval, "maxval")
     mant = _mantissa_bits(dtype)
     if _round(hi, mant) <= _round(lo, mant):
         raise ValueError(
@@ -286,7 +279,5 @@ def bernoulli(
         dtype = p.dtype if p.dtype.is_floating_point else torch.float32
         out_shape = tuple(p.shape) if shape is None else shape
         return uniform(k, out_shape, dtype=dtype, device=dev) < p.to(dev)
-    prob = _check_real(p, "p")
-    if not 0.0 <= prob <= 1.0:
-        raise ValueError(f"p must be in [0, 1], got {prob}")
+    prob = check_fraction(p, "p")
     return uniform(k, () if shape is None else shape, device=device) < prob

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sbfunc.batch import Field, extract, replace, take
+from sbfunc.batch import Field, batch_size, extract, replace, take
+from sbfunc.validation import check_fraction
 
 __all__ = [
     "check_downsampled_scoring",
@@ -28,11 +29,7 @@ def check_scale_factor(scale_factor: float) -> float:
         >>> sbfunc.score.check_scale_factor(0.5)
         0.5
     """
-    if isinstance(scale_factor, bool) or not isinstance(scale_factor, int | float):
-        raise TypeError(f"scale_factor must be a float in (0, 1], got {scale_factor!r}")
-    if not (math.isfinite(scale_factor) and 0 < scale_factor <= 1):
-        raise ValueError(f"scale_factor must be in (0, 1], got {scale_factor!r}")
-    return float(scale_factor)
+    return check_fraction(scale_factor, "scale_factor", open_low=True, fix="1 scores at full size")
 
 
 def downsample(x: torch.Tensor, scale_factor: float) -> torch.Tensor:
@@ -101,8 +98,9 @@ def check_downsampled_scoring(
     *,
     input: Field = 0,
 ) -> None:
-    """Check, on one row, that ``loss_fn`` accepts the batch with its ``input`` downsampled
-    by ``scale_factor``; raise a ``ValueError`` that says which factors work if it does not.
+    """Check, on one row (on zero rows for an empty batch), that ``loss_fn`` accepts the batch
+    with its ``input`` downsampled by ``scale_factor``; raise a ``ValueError`` that says which
+    factors work if it does not.
 
     A model whose head expects a fixed input size (a ``Linear`` after ``Flatten``) accepts no
     factor but 1; one with adaptive or global pooling accepts most. ``SelectiveBackprop``
@@ -127,7 +125,7 @@ def check_downsampled_scoring(
     """
 
     def runs(factor: float) -> str | None:
-        one = take(batch, torch.zeros(1, dtype=torch.int64))
+        one = take(batch, torch.zeros(min(1, batch_size(batch)), dtype=torch.int64))
         try:
             with torch.no_grad():
                 loss_fn(params, buffers, downsample_batch(one, factor, input=input))

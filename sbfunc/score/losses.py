@@ -6,12 +6,19 @@ import contextlib
 from typing import Any
 
 import torch
+import torch.utils._pytree as torch_pytree
 
 from sbfunc.batch import Field, batch_size
 from sbfunc.module import LossFn, Params, reduce_per_sample
-from sbfunc.score.downsample import downsample_batch
+from sbfunc.score.downsample import check_scale_factor, downsample_batch
 
 __all__ = ["score_losses"]
+
+
+def batch_device(batch: Any) -> torch.device:
+    """The device of the batch's first tensor (the CPU without one)."""
+    leaves = torch_pytree.tree_leaves(batch)
+    return next((t.device for t in leaves if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
 def score_losses(
@@ -46,7 +53,8 @@ def score_losses(
             ``torch.bfloat16``) on the batch's device; the scores come back as ``float32``.
 
     Returns:
-        A detached ``Tensor[N]`` on the batch's device.
+        A detached ``Tensor[N]`` on the batch's device; for an empty batch, an empty one
+        (``loss_fn`` is not called).
 
     Raises:
         ValueError: for ``scale_factor`` outside (0, 1], an input of rank other than 3, 4 or 5
@@ -64,6 +72,9 @@ def score_losses(
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
     n = batch_size(batch)
+    if n == 0:
+        check_scale_factor(scale_factor)
+        return torch.zeros(0, device=batch_device(batch))
     scored = downsample_batch(batch, scale_factor, input=input)
     precision: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if dtype is not None:

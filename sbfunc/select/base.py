@@ -1,4 +1,17 @@
-"""The selection type, the kept count and rank computation shared by all selection rules."""
+"""The selection type, the kept count and rank computation shared by all selection rules.
+
+**Non-finite scores** follow one rule on every selection path (:func:`ranks`,
+:func:`ascending_order`, :func:`~sbfunc.rank_power`, :func:`~sbfunc.top_k`, every policy of
+:mod:`sbfunc.policies`, the Composer-compatible ``select_using_loss``): a NaN score counts as
+``+inf``. NaN and ``+inf`` scores rank highest (a row the model cannot score is the most
+surprising one; if its loss is not finite either, the step's guard skips the update), ``-inf``
+scores rank lowest, and ties among them are broken at random by the key like any other tie.
+So all-NaN (or all-equal) scores give a uniformly random selection. Policies keep their
+histories and tables finite: a non-finite score is never recorded.
+
+**Empty batches**: scores of zero rows give an empty :class:`Selection` (and leave a policy's
+state unchanged); the step then makes no update and counts the batch as skipped.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +21,9 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc.validation import check_fraction
 
-__all__ = ["Selection", "ascending_order", "check_keep", "kept_count", "ranks"]
+__all__ = ["Selection", "ascending_order", "check_keep", "kept_count", "nan_as_inf", "ranks"]
 
 
 class Selection(NamedTuple):
@@ -39,7 +53,11 @@ class Selection(NamedTuple):
 
 
 def check_keep(keep: float) -> float:
-    """Validate ``keep`` in (0, 1] and return it as a float.
+    """Validate ``keep`` in (0, 1] and return it as a float (see :mod:`sbfunc.validation`).
+
+    Raises:
+        TypeError: for anything but an int or a float (a bool, a str).
+        ValueError: for NaN or a value outside (0, 1].
 
     Example:
         >>> sbfunc.check_keep(0.25)
@@ -49,15 +67,14 @@ def check_keep(keep: float) -> float:
         MosaicML Composer ``SelectiveBackprop(keep=...)`` and ``select_using_loss`` (which
         divide by zero at ``keep=0`` and fail in numpy above 1).
     """
-    if isinstance(keep, bool) or not isinstance(keep, int | float):
-        raise TypeError(f"keep must be a float in (0, 1], got {keep!r}")
-    if not (math.isfinite(keep) and 0 < keep <= 1):
-        raise ValueError(f"keep must be in (0, 1], got {keep!r}")
-    return float(keep)
+    return check_fraction(
+        keep, "keep", open_low=True, fix="keep is the fraction of rows kept, e.g. 0.5"
+    )
 
 
 def kept_count(n: int, keep: float) -> int:
-    """Number of samples kept out of ``n``: ``max(1, floor(keep * n))``, as the decimal reads.
+    """Number of samples kept out of ``n``: ``max(1, floor(keep * n))``, as the decimal reads
+    (0 for an empty batch).
 
     ``keep`` counts as the decimal it prints as (``0.29`` is 29/100, not the binary float
     0.28999999999999998), so ``kept_count(100, 0.29) == 29`` where ``int(0.29 * 100)`` gives 28:
@@ -66,30 +83,55 @@ def kept_count(n: int, keep: float) -> int:
     that ``torch.compile`` traces (no host call, no graph break).
 
     Args:
-        n: batch size, >= 1.
+        n: batch size, >= 0.
         keep: fraction in (0, 1].
 
+    Raises:
+        TypeError: for an ``n`` that is not an int.
+        ValueError: for ``n < 0`` (and as :func:`check_keep`).
+
     Example:
-        >>> sbfunc.kept_count(100, 0.29), sbfunc.kept_count(1, 0.5), sbfunc.kept_count(7, 1.0)
-        (29, 1, 7)
+        >>> sbfunc.kept_count(100, 0.29), sbfunc.kept_count(1, 0.5), sbfunc.kept_count(0, 0.5)
+        (29, 1, 0)
 
     References:
         MosaicML Composer ``select_using_loss`` (``int(keep * N)``, which can keep no row);
         Python ``repr`` of floats (the shortest decimal that reads back).
     """
     keep = check_keep(keep)
-    if isinstance(n, bool) or not isinstance(n, int | torch.SymInt) or n < 1:
-        raise ValueError(f"n (the batch size) must be an int >= 1, got {n!r}")
+    if isinstance(n, bool) or not isinstance(n, int | torch.SymInt):
+        raise TypeError(f"n (the batch size) must be an int >= 0, got {n!r}")
+    if n < 0:
+        raise ValueError(f"n (the batch size) must be an int >= 0, got {n!r}")
+    if n == 0:
+        return 0
     return max(1, math.floor(keep * n * _NUDGE))
 
 
 _NUDGE = 1.0 + 2.0**-50
 
 
+def nan_as_inf(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with every NaN replaced by ``+inf``: the non-finite rule of every selection
+    path (see :mod:`sbfunc.select.base`). Integer scores come back unchanged.
+
+    Example:
+        >>> sbfunc.select.nan_as_inf(torch.tensor([1.0, float("nan"), -float("inf")]))
+        tensor([1., inf, -inf])
+
+    References:
+        IEEE 754 ``totalOrder`` (NaN above ``+inf``); NumPy ``sort`` (NaN last).
+    """
+    if not scores.dtype.is_floating_point:
+        return scores
+    return torch.where(scores.isnan(), torch.inf, scores)
+
+
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
-    """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0."""
+    """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0;
+    NaN equals +inf."""
     x = scores.to(torch.float32) + 0.0
-    bits = torch.where(x.isnan(), 0x7FC00000, x.view(torch.int32))  # every NaN above +inf
+    bits = torch.where(x.isnan(), 0x7F800000, x.view(torch.int32))  # NaN counts as +inf
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
 
 
@@ -106,14 +148,17 @@ def ranks(
 
     Ties are broken by random integers drawn from ``key`` (or given as ``tie_noise``, an int64
     ``Tensor[N]`` of i.i.d. values in ``[0, 2**32)``, see :func:`sbfunc.random.bits`); with
-    neither, by position (stable sort). NaN scores rank highest on every path. For float32/16
-    scores one sort of a packed 64-bit
-    (score, noise) key does both jobs; other dtypes take a random permutation and a stable sort.
-    Runs on the scores' device without a host sync.
+    neither, by position (stable sort). A NaN score counts as ``+inf``: NaN and ``+inf`` rank
+    highest and tie with each other, ``-inf`` ranks lowest (see :mod:`sbfunc.select.base`). For
+    float32/16 scores one sort of a packed 64-bit (score, noise) key does both jobs; other
+    dtypes take a random permutation and a stable sort. Runs on the scores' device without a
+    host sync.
 
     Example:
         >>> sbfunc.ranks(torch.tensor([0.3, 0.1, 0.2]))
         tensor([2, 0, 1])
+        >>> sbfunc.ranks(torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]))
+        tensor([2, 3, 0, 1])
 
     References:
         MosaicML Composer ``select_using_loss`` (ascending ``argsort`` of the losses); SciPy
@@ -133,7 +178,8 @@ def ranks(
 
 def ascending_order(scores: torch.Tensor, tie_noise: torch.Tensor | None) -> torch.Tensor:
     """The permutation that sorts ``scores`` ascending, ties broken by ``tie_noise`` (by
-    position when ``None``); NaN scores come last. :func:`ranks` is its inverse permutation.
+    position when ``None``); a NaN score counts as ``+inf`` (it ties with ``+inf`` and comes
+    last). :func:`ranks` is its inverse permutation.
 
     Example:
         >>> sbfunc.select.ascending_order(torch.tensor([0.3, 0.1, 0.2]), None)
@@ -142,6 +188,7 @@ def ascending_order(scores: torch.Tensor, tie_noise: torch.Tensor | None) -> tor
     References:
         Herf 2001, "Radix Tricks" (the order-preserving float-to-integer bit map).
     """
+    scores = nan_as_inf(scores)
     if tie_noise is None:
         return torch.argsort(scores, stable=True)
     if scores.dtype in _EXACT_IN_FLOAT32:  # one sort of a packed (score, noise) int64 key

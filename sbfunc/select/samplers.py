@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.select.base import Selection, ascending_order, check_keep, kept_count
+from sbfunc.select.base import Selection, ascending_order, check_keep, kept_count, nan_as_inf
+from sbfunc.validation import check_tensor
 
 __all__ = [
     "gumbel_top_k",
@@ -18,16 +19,13 @@ __all__ = [
 
 
 def _check_scores(scores: torch.Tensor) -> int:
-    if not isinstance(scores, torch.Tensor) or scores.dim() != 1 or scores.shape[0] < 1:
-        raise ValueError(
-            "scores must be a non-empty 1-D tensor [N], got "
-            + (
-                f"shape {tuple(scores.shape)}"
-                if isinstance(scores, torch.Tensor)
-                else type(scores).__name__
-            )
-        )
+    check_tensor(scores, "scores", dim=1, fix="pass one score per row, a Tensor[N]")
     return scores.shape[0]
+
+
+def _empty(scores: torch.Tensor) -> Selection:
+    """The selection of an empty batch: no row."""
+    return Selection(torch.zeros(0, dtype=torch.int64, device=scores.device))
 
 
 def _sorted(indices: torch.Tensor, n: int) -> torch.Tensor:
@@ -94,7 +92,11 @@ def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selec
         key: an :mod:`sbfunc.random` key.
 
     Returns:
-        A :class:`Selection` with ``weights=None``.
+        A :class:`Selection` with ``weights=None``; empty for ``N = 0``.
+
+    Raises:
+        TypeError: if ``scores`` is not a tensor (or ``keep`` not a number).
+        ValueError: if ``scores`` is not 1-D, or ``keep`` is not in (0, 1].
 
     Example:
         >>> losses = torch.tensor([0.1, 2.0, 0.3, 5.0])
@@ -106,6 +108,8 @@ def rank_power(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selec
         MosaicML Composer, ``composer.algorithms.selective_backprop.select_using_loss``.
     """
     n = _check_scores(scores)
+    if n == 0:
+        return _empty(scores)
     tie_key, draw_key = sbrandom.split(key)
     tie_noise = sbrandom.bits(tie_key, (n,), device=scores.device)
     u = sbrandom.uniform(draw_key, (n,), device=scores.device)
@@ -141,14 +145,25 @@ def rank_power_indices(
 def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None) -> Selection:
     """Deterministic selection of the ``max(1, floor(keep*N))`` highest scores.
 
+    NaN scores count as ``+inf`` (see :mod:`sbfunc.select.base`): they are kept first.
+
     Args:
         scores: ``Tensor[N]``.
         keep: fraction in (0, 1].
         key: optional key to break ties uniformly at random; without one, among equal scores
             the lower index wins.
 
+    Returns:
+        A :class:`Selection` with ``weights=None``; empty for ``N = 0``.
+
+    Raises:
+        TypeError: if ``scores`` is not a tensor (or ``keep`` not a number).
+        ValueError: if ``scores`` is not 1-D, or ``keep`` is not in (0, 1].
+
     Example:
         >>> sbfunc.top_k(torch.tensor([0.1, 2.0, 0.3, 5.0]), 0.5).indices
+        tensor([1, 3])
+        >>> sbfunc.top_k(torch.tensor([0.1, float("nan"), 0.3, 5.0]), 0.5).indices
         tensor([1, 3])
 
     References:
@@ -157,14 +172,20 @@ def top_k(scores: torch.Tensor, keep: float, *, key: sbrandom.Key | None = None)
     """
     n = _check_scores(scores)
     k = kept_count(n, check_keep(keep))
+    if n == 0:
+        return _empty(scores)
     tie_noise = None if key is None else sbrandom.bits(key, (n,), device=scores.device)
-    order = ascending_order(-scores, tie_noise)  # highest score first
+    order = ascending_order(-nan_as_inf(scores), tie_noise)  # highest score (or NaN) first
     return Selection(_sorted(order[:k], n))
 
 
 def random_subset(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Selection:
     """Uniformly random subset of ``max(1, floor(keep*N))`` rows (ignores the score values):
-    the control for any selection study.
+    the control for any selection study; empty for ``N = 0``.
+
+    Raises:
+        TypeError: if ``scores`` is not a tensor (or ``keep`` not a number).
+        ValueError: if ``scores`` is not 1-D, or ``keep`` is not in (0, 1].
 
     Example:
         >>> sbfunc.random_subset(torch.zeros(10), 0.3, key=sbfunc.random.key(0)).indices.shape
@@ -175,5 +196,7 @@ def random_subset(scores: torch.Tensor, keep: float, *, key: sbrandom.Key) -> Se
     """
     n = _check_scores(scores)
     k = kept_count(n, check_keep(keep))
+    if n == 0:
+        return _empty(scores)
     u = sbrandom.uniform(key, (n,), device=scores.device)
     return Selection(_sorted(torch.topk(u, k, sorted=False).indices, n))

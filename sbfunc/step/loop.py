@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from sbfunc.engine import Event, TrainState
 from sbfunc.step.train_step import StepMetrics, TrainStep
+from sbfunc.validation import check_int
 
 __all__ = ["Duration", "FitResult", "fit"]
 
@@ -36,10 +37,8 @@ class Duration(NamedTuple):
                 "give exactly one of epochs or steps, "
                 f"got epochs={self.epochs}, steps={self.steps}"
             )
-        value = self.epochs if self.epochs is not None else self.steps
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            which = "epochs" if self.epochs is not None else "steps"
-            raise ValueError(f"{which} must be an int >= 1, got {value!r}")
+        which = "epochs" if self.epochs is not None else "steps"
+        value = check_int(self.epochs if self.epochs is not None else self.steps, which, low=1)
         return self.steps if self.steps is not None else value * steps_per_epoch
 
 
@@ -139,12 +138,10 @@ def fit(
     if steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     total = Duration(epochs, steps).total_steps(steps_per_epoch)
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f"log_every must be an int >= 1, got {log_every!r}")
+    check_int(log_every, "log_every", low=1)
     limit = total
     if stop_after is not None:
-        if isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 1:
-            raise ValueError(f"stop_after must be an int >= 1, got {stop_after!r}")
+        check_int(stop_after, "stop_after", low=1)
         limit = min(total, stop_after)
 
     if not isinstance(history, bool):

@@ -105,10 +105,12 @@ def test_keep_one_batch_of_one():
 @pytest.mark.parametrize(
     ("kwargs", "exc", "msg"),
     [
-        ({"scale_factor": 0.5, "input": torch.randn(4, 8)}, ValueError, "3-D, 4-D or 5-D"),
-        ({"scale_factor": 2.0}, ValueError, r"scale_factor must be in \(0, 1\]"),
+        ({"scale_factor": 0.5, "input": torch.randn(4, 8)}, ValueError, "3D, 4D, or 5D"),
+        ({"scale_factor": 2.0}, ValueError, "scale_factor must be <= 1"),
         ({"scale_factor": 0.0}, ValueError, r"scale_factor must be in \(0, 1\]"),
-        ({"loss_fun": lambda o, t: o.sum()}, TypeError, "reduction='none'"),
+        ({"scale_factor": float("nan")}, ValueError, r"scale_factor must be in \(0, 1\]"),
+        ({"scale_factor": "0.5"}, TypeError, r"scale_factor must be a float in \(0, 1\]"),
+        ({"loss_fun": lambda o, t: o.sum()}, TypeError, "keyword argument `reduction`"),
         ({"loss_fun": 3}, TypeError, "callable"),
         ({"keep": 0.0}, ValueError, r"keep must be in \(0, 1\]"),
         ({"keep": 1.5}, ValueError, r"keep must be in \(0, 1\]"),
@@ -125,10 +127,46 @@ def test_select_using_loss_errors(kwargs, exc, msg):
 
 def test_composer_check_order_rank_before_scale_range():
     # Composer checks the input rank before the scale range.
-    with pytest.raises(ValueError, match="3-D, 4-D or 5-D"):
+    with pytest.raises(ValueError, match="3D, 4D, or 5D"):
         sbfunc.select_using_loss(
             torch.randn(4, 8), torch.zeros(4), nn.Linear(8, 2), F.cross_entropy, scale_factor=2.0
         )
+
+
+# Composer 0.32's exact messages (composer/algorithms/selective_backprop/selective_backprop.py),
+# in its order of checks: code that matches on them keeps working.
+COMPOSER_ERRORS = [
+    (
+        {"scale_factor": 0.5, "input": torch.randn(4, 8)},
+        ValueError,
+        "Input must be 3D, 4D, or 5D if scale_factor != 1, got 2",
+    ),
+    ({"scale_factor": 2.0}, ValueError, "scale_factor must be <= 1"),
+    (
+        {"loss_fun": lambda o, t: o.sum()},
+        TypeError,
+        "Loss function `loss_fun` must take a keyword argument `reduction`.",
+    ),
+    ({"loss_fun": 3}, TypeError, "Loss function must be callable"),
+    # order: the rank before the range, the range before the loss function
+    (
+        {"scale_factor": 2.0, "input": torch.randn(4, 8), "loss_fun": 3},
+        ValueError,
+        "Input must be 3D, 4D, or 5D if scale_factor != 1, got 2",
+    ),
+    ({"scale_factor": 2.0, "loss_fun": 3}, ValueError, "scale_factor must be <= 1"),
+    # the loss function before our own checks (keep)
+    ({"loss_fun": 3, "keep": 0.0}, TypeError, "Loss function must be callable"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "exc", "message"), COMPOSER_ERRORS)
+def test_select_using_loss_raises_composers_exact_messages(kwargs, exc, message):
+    model, x, y = _setup(4)
+    args = {"input": x, "target": y, "model": model, "loss_fun": F.cross_entropy, **kwargs}
+    with pytest.raises(exc) as info:
+        sbfunc.select_using_loss(**args)
+    assert str(info.value) == message
 
 
 class _Recorder(nn.Module):

@@ -50,7 +50,7 @@ def test_arguments_are_checked():
         balanced_counts(3, 0)
     with pytest.raises(ValueError, match="total must be an int >= 0, got -1"):
         balanced_counts(-1, 2)
-    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 1\], got 2"):
         exchange_plan([1, 2], 2)
     with pytest.raises(ValueError, match="kept must be a non-empty list of ints >= 0"):
         exchange_plan([1, -2], 0)

@@ -44,7 +44,7 @@ def test_sharded_batches_index_lazily_and_have_a_length():
 
 
 def test_arguments_are_checked():
-    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 1\], got 2"):
         shard_ids(10, 2, key=KEY, epoch=0, rank=2, world=2)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
         shard_ids(10, 0, key=KEY, epoch=0, rank=0, world=1)

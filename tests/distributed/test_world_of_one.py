@@ -81,7 +81,7 @@ def test_a_step_with_no_row_anywhere_skips_the_update():
 def test_step_arguments_are_checked():
     loss_fn = sbfunc.per_sample_loss(common.model(), F.cross_entropy)
     opt = sbfunc.optim.sgd(0.1)
-    with pytest.raises(ValueError, match="bucket_mb must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="bucket_mb must be a finite float > 0, got 0"):
         sbdist.make_data_parallel_step(loss_fn, opt, bucket_mb=0)
     with pytest.raises(ValueError, match="buffers must be 'broadcast' or 'mean', got 'sum'"):
         sbdist.make_data_parallel_step(loss_fn, opt, buffers="sum")

@@ -99,7 +99,7 @@ def test_categorical_frequencies_follow_the_weights():
         ),
         (lambda: sbrandom.randint(K0, 3, 0, 2**32 + 1), ValueError, "high - low"),
         (lambda: sbrandom.randint(K0, 3, 0.0, 2), TypeError, "low must be an int"),
-        (lambda: sbrandom.permutation(K0, -1), ValueError, "n must be >= 0, got -1"),
+        (lambda: sbrandom.permutation(K0, -1), ValueError, "n must be an int >= 0, got -1"),
         (lambda: sbrandom.permutation(K0, 2.0), TypeError, "n must be an int"),
         (lambda: sbrandom.categorical(K0, torch.ones(2, 2), 3), ValueError, "1-D"),
         (

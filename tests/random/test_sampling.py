@@ -181,7 +181,11 @@ def test_prefix_property_of_the_counter_design():
         (lambda: sbrandom.uniform(K0, 3, dtype=torch.int32), TypeError, "floating-point"),
         (lambda: sbrandom.uniform(K0, 3, minval=1.0, maxval=1.0), ValueError, "maxval must be >"),
         (lambda: sbrandom.uniform(K0, 3, minval=1.0, maxval=1 + 1e-9), ValueError, "empty range"),
-        (lambda: sbrandom.uniform(K0, 3, maxval=math.inf), ValueError, "maxval must be finite"),
+        (
+            lambda: sbrandom.uniform(K0, 3, maxval=math.inf),
+            ValueError,
+            "maxval must be a finite float",
+        ),
         (lambda: sbrandom.bernoulli(K0, 1.5), ValueError, r"p must be in \[0, 1\], got 1.5"),
         (lambda: sbrandom.bernoulli(K0, "x"), TypeError, "p must be a float"),
         (lambda: sbrandom.normal(torch.tensor(0), 3), TypeError, "k must be an int64 tensor"),

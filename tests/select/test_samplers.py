@@ -86,16 +86,22 @@ def test_keep_type(keep):
         sbfunc.top_k(torch.zeros(4), keep)
 
 
-@pytest.mark.parametrize("n", [0, -1, 2.0])
-def test_kept_count_n(n):
-    with pytest.raises(ValueError, match="n \\(the batch size\\)"):
+@pytest.mark.parametrize(("n", "error"), [(-1, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_kept_count_n(n, error):
+    with pytest.raises(error, match="n \\(the batch size\\)"):
         sbfunc.kept_count(n, 0.5)
 
 
-@pytest.mark.parametrize("scores", [torch.zeros(0), torch.zeros(2, 2), torch.tensor(1.0)])
+def test_kept_count_of_an_empty_batch_is_zero():
+    assert sbfunc.kept_count(0, 0.5) == 0 and sbfunc.kept_count(0, 1.0) == 0
+
+
+@pytest.mark.parametrize("scores", [torch.zeros(2, 2), torch.tensor(1.0)])
 def test_scores_shape(scores):
-    with pytest.raises(ValueError, match="scores must be a non-empty 1-D"):
+    with pytest.raises(ValueError, match="scores must be a 1-D tensor"):
         sbfunc.top_k(scores, 0.5)
+    with pytest.raises(TypeError, match="scores must be a 1-D tensor"):
+        sbfunc.top_k([1.0, 2.0], 0.5)
 
 
 def test_top_k_picks_highest_and_keep_one_is_everything():

@@ -124,7 +124,7 @@ def test_data_as_function_of_epoch_and_progress_bar(capsys):
         ({}, ValueError, "exactly one of epochs or steps"),
         ({"epochs": 1, "steps": 1}, ValueError, "exactly one of epochs or steps"),
         ({"epochs": 0}, ValueError, "epochs must be an int >= 1"),
-        ({"steps": 2.5}, ValueError, "steps must be an int >= 1"),
+        ({"steps": 2.5}, TypeError, "steps must be an int >= 1"),
         ({"epochs": 1, "log_every": 0}, ValueError, "log_every"),
         ({"epochs": 1, "stop_after": 0}, ValueError, "stop_after"),
         ({"epochs": 1, "steps_per_epoch": 0}, ValueError, "steps_per_epoch must be >= 1"),
