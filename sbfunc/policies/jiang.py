@@ -62,6 +62,9 @@ def _cdf_select(
 ) -> tuple[Selection, LossHistory]:
     history = history_push(history, losses)  # the batch enters the history first
     keep_prob = history_cdf(history, losses).pow(beta).clamp_min(sampling_min)
+    # A batch of -inf scores only (CDF 0 everywhere): they all tie as the batch maximum, whose
+    # CDF is 1, so every row is kept (no row with inclusion 0 forced in with an infinite weight).
+    keep_prob = torch.where(keep_prob.amax() > 0, keep_prob, torch.ones_like(keep_prob))
     return bernoulli_selection(keep_prob, key, weighted=reweight), history
 
 

@@ -54,7 +54,7 @@ def test_cutout_uniform_sampling_masks_every_pixel_equally_often():
         ({"num_holes": 0}, ValueError, "num_holes must be an int >= 1"),
         ({"length": 0.0}, ValueError, r"length must be in \(0, 1\]"),
         ({"length": 2.0}, ValueError, r"length must be in \(0, 1\]"),
-        ({"length": "x"}, TypeError, "length must be a finite float"),
+        ({"length": "x"}, TypeError, r"length must be a float in \(0, 1\]"),
         ({"uniform_sampling": 1}, TypeError, "uniform_sampling must be True or False"),
     ],
 )
@@ -114,7 +114,7 @@ def test_mixup_per_pixel_targets_get_the_class_axis_second(seed):
 
 
 def test_mixup_errors():
-    with pytest.raises(ValueError, match=r"alpha must be in \[0, inf\]"):
+    with pytest.raises(ValueError, match="alpha must be a finite float >= 0"):
         sbfunc.mixup_batch(
             torch.ones(2), torch.zeros(2), key=sbrandom.key(0), alpha=-1, num_classes=2
         )

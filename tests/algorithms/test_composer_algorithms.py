@@ -150,7 +150,7 @@ def test_augmentations_draw_from_the_state_key_only(alg, event):
         (lambda: sbfunc.MixUp(num_classes=0), ValueError, "num_classes"),
         (lambda: sbfunc.MixUp(num_classes=3, target=None), TypeError, "target"),
         (lambda: sbfunc.LabelSmoothing(1.5, num_classes=3), ValueError, "smoothing"),
-        (lambda: sbfunc.LabelSmoothing(0.1, num_classes=True), ValueError, "num_classes"),
+        (lambda: sbfunc.LabelSmoothing(0.1, num_classes=True), TypeError, "num_classes"),
     ],
 )
 def test_validation_at_construction(factory, exc, msg):

@@ -164,7 +164,7 @@ def test_selective_backprop_scores_the_warmed_up_rows():
         ({"min_seq_length": 0}, ValueError, "min_seq_length must be an int >= 1"),
         ({"min_seq_length": 9, "max_seq_length": 8}, ValueError, "max_seq_length"),
         ({"step_size": 0}, ValueError, "step_size"),
-        ({"truncate": 1}, TypeError, "truncate must be a bool"),
+        ({"truncate": 1}, TypeError, "truncate must be True or False"),
     ],
 )
 def test_errors(kwargs, exc, msg):

@@ -145,10 +145,13 @@ def test_bad_subsampling_indices(subsampling, error, match):
         batch_grad(loss_fn)(params, buffers, batch, subsampling=subsampling)
 
 
-@pytest.mark.parametrize("chunk_size", [0, -1, 1.5, True])
-def test_bad_chunk_size(chunk_size):
+@pytest.mark.parametrize(
+    ("chunk_size", "error"),
+    [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)],
+)
+def test_bad_chunk_size(chunk_size, error):
     loss_fn, params, buffers, batch = setup("seed")
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(error, match="chunk_size"):
         batch_grad(loss_fn)(params, buffers, batch, chunk_size=chunk_size)
 
 

@@ -1,0 +1,147 @@
+"""Failure behaviour of the step (docs/how-to/failures.md): an empty batch and a non-finite
+loss or gradient make no update on every path, and are counted as skipped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import sbfunc
+from sbfunc import random as sbrandom
+from tests.policies.test_registry import POLICIES
+
+SETTINGS = settings(max_examples=12, derandomize=True, database=None, deadline=None)
+
+torch.manual_seed(0)
+MODEL = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+PARAMS, BUFFERS = sbfunc.split_module(MODEL, clone=True)
+TRAIN_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy, train=True)
+SCORE_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy)
+
+
+def _sb(name: str) -> sbfunc.SelectiveBackprop:
+    if name in {"rank_power", "top_k", "random_subset"}:
+        select = getattr(sbfunc, name)
+        return sbfunc.SelectiveBackprop(
+            0.0, 1.0, 0.5, interrupt=0, loss_fn=SCORE_LOSS, select=select
+        )
+    return sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, loss_fn=SCORE_LOSS, policy=POLICIES[name](), ids=2
+    )
+
+
+PATHS = {
+    "plain": lambda: [],
+    "cutout": lambda: [sbfunc.CutOut(num_holes=1, length=0.5)],
+    "mixup": lambda: [sbfunc.MixUp(alpha=0.2, num_classes=3)],
+    "label_smoothing": lambda: [sbfunc.LabelSmoothing(0.1, num_classes=3)],
+    **{f"sb_{n}": (lambda n=n: [_sb(n)]) for n in ["rank_power", "top_k", "random_subset"]},
+    **{f"sb_policy_{n}": (lambda n=n: [_sb(n)]) for n in sorted(POLICIES)},
+}
+
+
+def _batch(n: int, seed: int = 0, image: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, 0] > 0).long()
+    return x, y, torch.arange(n) % 64
+
+
+def _run(algorithms, batch, **kwargs):
+    step = sbfunc.make_train_step(TRAIN_LOSS, sbfunc.optim.adam(1e-2), algorithms, **kwargs)
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    state = state.replace(time=state.time._replace(elapsed=0.5))
+    warm, _ = step(state, _batch(8, seed=1))  # a non-trivial optimizer state
+    return warm, *step(warm, batch)
+
+
+def _unchanged(before, after) -> bool:
+    trees = [(before.params, after.params), (before.buffers, after.buffers)]
+    trees.append((before.opt_state, after.opt_state))
+    return all(
+        torch.equal(a, b)
+        for x, y in trees
+        for a, b in zip(
+            torch.utils._pytree.tree_leaves(x), torch.utils._pytree.tree_leaves(y), strict=True
+        )
+    )
+
+
+def _supported(name: str) -> bool:
+    return not name.startswith(("cutout",))  # CutOut needs an image batch: tested below
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(PATHS) if _supported(n)])
+def test_an_empty_batch_makes_no_update_and_is_counted_on_every_path(name):
+    before, after, metrics = _run(PATHS[name](), _batch(0))
+    assert bool(metrics.skipped)
+    assert int(after.time.updates_skipped) == int(before.time.updates_skipped) + 1
+    assert after.time.step == before.time.step + 1
+    assert _unchanged(before, after)
+
+
+def test_an_empty_image_batch_through_cutout_makes_no_update():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    params, buffers = sbfunc.split_module(model, clone=True)
+    loss = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    step = sbfunc.make_train_step(loss, sbfunc.optim.sgd(0.1), [sbfunc.CutOut(length=0.5)])
+    state = step.init(params, buffers, key=sbrandom.key(0))
+    after, metrics = step(state, (torch.zeros(0, 3, 2, 2), torch.zeros(0, dtype=torch.int64)))
+    assert bool(metrics.skipped) and int(after.time.updates_skipped) == 1
+    assert all(torch.equal(after.params[k], state.params[k]) for k in state.params)
+
+
+@pytest.mark.parametrize("name", ["plain", "sb_rank_power", "sb_top_k", "sb_policy_jiang"])
+@SETTINGS
+@given(
+    rows=st.lists(st.integers(0, 7), min_size=1, max_size=3),
+    value=st.sampled_from([float("nan"), float("inf"), -float("inf")]),
+)
+def test_a_non_finite_row_never_reaches_the_parameters(name, rows, value):
+    x, y, ids = _batch(8)
+    x = x.clone()
+    x[rows, 0] = value
+    before, after, metrics = _run(PATHS[name](), (x, y, ids))
+    finite = all(torch.isfinite(p).all() for p in after.params.values())
+    assert finite  # skipped, or the poisoned rows were not selected
+    if bool(metrics.skipped):
+        assert _unchanged(before, after)
+        assert int(after.time.updates_skipped) == int(before.time.updates_skipped) + 1
+    else:
+        assert torch.isfinite(metrics.loss)
+
+
+GRADIENT_POISONS = {  # a zero loss term whose gradient is not finite
+    "inf": lambda w: torch.sqrt(w - w.detach()).sum(),  # d sqrt(x) at 0: +inf
+    "nan": lambda w: torch.sqrt(w * 0.0).sum(),  # +inf * 0: NaN
+}
+
+
+@pytest.mark.parametrize("poison", sorted(GRADIENT_POISONS))
+def test_a_non_finite_gradient_with_a_finite_loss_is_skipped(poison):
+    def loss_fn(params, buffers, batch):
+        x, y, _ = batch
+        w = params["0.weight"]
+        return (x @ w.T).sum(1) + GRADIENT_POISONS[poison](w) + y.float()
+
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    after, metrics = step(state, _batch(4))
+    assert torch.isfinite(metrics.loss) and bool(metrics.skipped)
+    assert int(after.time.updates_skipped) == 1
+    assert all(torch.equal(after.params[k], state.params[k]) for k in state.params)
+    raising = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), nonfinite="raise")
+    with pytest.raises(FloatingPointError, match="not finite"):
+        raising(raising.init(PARAMS, BUFFERS, key=sbrandom.key(0)), _batch(4))
+
+
+def test_fit_counts_an_empty_batch_in_the_data_as_skipped():
+    step = sbfunc.make_train_step(TRAIN_LOSS, sbfunc.optim.sgd(0.1))
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    data = [_batch(4, seed=0), _batch(0), _batch(4, seed=2)]
+    out = sbfunc.fit(step, state, data, epochs=2, progress=False)
+    assert int(out.state.time.updates_skipped) == 2 and out.state.time.step == 6
