@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sbfunc.batch import Field, extract, replace, take
+from sbfunc.batch import Field, PerSample, extract, replace, take
 
 __all__ = [
     "check_downsampled_scoring",
@@ -100,6 +100,7 @@ def check_downsampled_scoring(
     scale_factor: float,
     *,
     input: Field = 0,
+    per_sample: PerSample = None,
 ) -> None:
     """Check, on one row, that ``loss_fn`` accepts the batch with its ``input`` downsampled
     by ``scale_factor``; raise a ``ValueError`` that says which factors work if it does not.
@@ -107,6 +108,13 @@ def check_downsampled_scoring(
     A model whose head expects a fixed input size (a ``Linear`` after ``Flatten``) accepts no
     factor but 1; one with adaptive or global pooling accepts most. ``SelectiveBackprop``
     calls this once per input shape, on the host, before its first downsampled scoring.
+
+    Args:
+        loss_fn, params, buffers, batch: the per-sample loss, its tensors and a batch.
+        scale_factor: the spatial scale to check, in (0, 1].
+        input: where the input sits in the batch.
+        per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`),
+            to take its first row; ``None`` infers them.
 
     Raises:
         ValueError: naming the shapes, torch's error, and the factors among 3/4, 1/2 and 1/4
@@ -127,7 +135,7 @@ def check_downsampled_scoring(
     """
 
     def runs(factor: float) -> str | None:
-        one = take(batch, torch.zeros(1, dtype=torch.int64))
+        one = take(batch, torch.zeros(1, dtype=torch.int64), per_sample=per_sample)
         try:
             with torch.no_grad():
                 loss_fn(params, buffers, downsample_batch(one, factor, input=input))

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import batch_size
+from sbfunc.batch import PerSample, batch_size, check_per_sample, check_same_spec
 from sbfunc.engine import (
     Algorithm,
     Clock,
@@ -151,8 +151,11 @@ class TrainStep(nn.Module):
         passes: Sequence[Pass],
         nonfinite: NonFinite,
         keyed_model: bool,
+        *,
+        per_sample: PerSample = None,
     ) -> None:
         super().__init__()
+        self.per_sample = per_sample
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.algorithms = tuple(algorithms)
@@ -250,13 +253,14 @@ class TrainStep(nn.Module):
         run = Run.start(state, batch, plan.clock)
         if plan.clock is not None:  # every key of the step derives from the step-start clock
             run = run._replace(step_key=sbrandom.fold_in(state.key, plan.clock.step))
-        n_in = batch_size(batch)
+        n_in = batch_size(batch, per_sample=self.per_sample)
         for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
             run = self._fire(plan, event, run)
         skipped_so_far = state.time.updates_skipped
         if skipped_so_far is None:
             skipped_so_far = torch.zeros((), dtype=torch.int64, device=state.key.device)
-        if batch_size(run.batch) == 0 and not self.data_parallel:  # every row left: no update
+        n_kept = batch_size(run.batch, per_sample=self.per_sample)
+        if n_kept == 0 and not self.data_parallel:  # every row left: no update
             if run.clock is not None:
                 run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
             run = self._fire(plan, Event.BATCH_END, run)
@@ -264,7 +268,7 @@ class TrainStep(nn.Module):
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
         run, grads, loss = self._loss_and_grads(plan, run)
-        n_bwd = batch_size(run.batch)
+        n_bwd = batch_size(run.batch, per_sample=self.per_sample)
         run = self._fire(plan, Event.AFTER_LOSS, run)
         run = self._fire(plan, Event.BEFORE_BACKWARD, run)
         run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
@@ -335,7 +339,7 @@ class TrainStep(nn.Module):
             else:
                 with randomness():
                     losses = loss_fn(p, b, r.batch)
-            _check_losses(losses, batch_size(r.batch))
+            _check_losses(losses, batch_size(r.batch, per_sample=self.per_sample))
             # The host clock stays out of the aux: its Python numbers would become constants
             # of a compiled graph (and recompile it every step).
             return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
@@ -395,6 +399,7 @@ def make_train_step(
     *,
     nonfinite: NonFinite = "skip",
     keyed_model: bool | None = None,
+    per_sample: PerSample = None,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -434,6 +439,14 @@ def make_train_step(
         keyed_model: draw the model's random operations from the state's key; ``None``
             (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
             dropout (or multi-head attention) layers.
+        per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
+            to count its rows; ``None`` infers them. It must be the spec of every algorithm
+            that prunes rows (``SelectiveBackprop(per_sample=...)``).
+
+    Raises:
+        TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
+        ValueError: for ``nonfinite`` out of its values, or an algorithm pruning with
+            another ``per_sample`` spec than ``per_sample``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -474,4 +487,13 @@ def make_train_step(
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
-    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model)
+    check_same_spec(check_per_sample(per_sample), algorithms)
+    return TrainStep(
+        loss_fn,
+        optimizer,
+        algorithms,
+        tuple(passes),
+        nonfinite,
+        keyed_model,
+        per_sample=per_sample,
+    )
