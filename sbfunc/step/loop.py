@@ -4,7 +4,8 @@ checkpoints, elapsed time, progress and sample accounting."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable, Iterator, Sized
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tqdm.auto import tqdm
@@ -45,8 +46,9 @@ class Duration(NamedTuple):
         return self.steps if self.steps is not None else value * steps_per_epoch
 
 
-class FitResult(NamedTuple):
-    """What :func:`fit` returns.
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` returns; unpacks as ``state, history`` (``evaluations`` by name).
 
     Attributes:
         state: the final train state.
@@ -57,8 +59,10 @@ class FitResult(NamedTuple):
 
     Example:
         >>> state = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
-        >>> sbfunc.FitResult(state, []).evaluations
-        ()
+        >>> result = sbfunc.FitResult(state, [])
+        >>> final, history = result
+        >>> history, result.evaluations
+        ([], ())
 
     References:
         MosaicML Composer ``Trainer.fit`` and ``Trainer.eval``.
@@ -67,6 +71,10 @@ class FitResult(NamedTuple):
     state: TrainState
     history: list[StepMetrics]
     evaluations: tuple[Evaluation, ...] = ()
+
+    def __iter__(self) -> Iterator[Any]:
+        """``state, history = fit(...)``, as when the result was a pair."""
+        return iter((self.state, self.history))
 
 
 def _interval(value: Duration | None, name: str) -> tuple[str, int] | None:
@@ -287,10 +295,10 @@ def _eval_config(
         if eval_fn is not None or every is not None:
             raise ValueError("eval_fn and eval_every need eval_data")
         return None
+    if eval_fn is None:
+        raise ValueError("eval_data needs eval_fn(params, buffers, batch) -> metrics, got None")
     if not callable(eval_fn):
-        raise ValueError(
-            f"eval_data needs eval_fn(params, buffers, batch) -> metrics, got {eval_fn!r}"
-        )
+        raise TypeError(f"eval_fn must be callable, got {type(eval_fn).__name__}")
     interval = _interval(Duration(epochs=1) if every is None else every, "eval_every")
     assert interval is not None
     return data, eval_fn, interval

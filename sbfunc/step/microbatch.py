@@ -10,7 +10,8 @@ batch shrunk by selection under-fills them). Each chunk runs the forward, ``AFTE
 its share of the rows, so the sum equals the gradient of the whole batch's weighted mean
 exactly (``sum_i w_i * loss_i / N``; equal up to float rounding). ``AFTER_BACKWARD`` and
 everything after it fire once, on the whole kept batch, with the accumulated gradient, the
-whole batch's loss and the per-sample losses of every chunk concatenated.
+whole batch's loss, the per-sample losses of every chunk concatenated, and the model outputs
+concatenated when they are plain tensors (``None`` for structured outputs).
 
 BatchNorm layers see each chunk as a batch: their statistics are the chunk's, and their
 running statistics are updated chunk by chunk (as in any gradient-accumulation loop), so a
@@ -111,6 +112,13 @@ def _scaled_sum(total: Params | None, grads: Params, scale: float) -> Params:
     return {k: total[k] + g * scale for k, g in grads.items()}
 
 
+def _joined(outputs: list[object]) -> torch.Tensor | None:
+    """The chunks' model outputs as one tensor when each is a tensor over its rows, else
+    ``None`` (the outputs of a structured model are not joined)."""
+    tensors = [o for o in outputs if isinstance(o, torch.Tensor) and o.dim() > 0]
+    return torch.cat(tensors) if len(tensors) == len(outputs) else None
+
+
 def accumulate(
     step: TrainStep, plan: StepPlan, run: Run, split: Microbatching
 ) -> tuple[Run, Params, torch.Tensor, int]:
@@ -125,8 +133,9 @@ def accumulate(
 
     Returns:
         ``(run, grads, loss, rows)``: the run with the whole kept batch and weights back, the
-        concatenated per-sample losses and the last chunk's buffers; the accumulated gradient;
-        the whole batch's weighted mean loss; the number of rows backpropagated.
+        concatenated per-sample losses (and outputs) and the last chunk's buffers; the
+        accumulated gradient; the whole batch's weighted mean loss; the number of rows
+        backpropagated.
     """
     batch, weights = run.batch, run.sample_weights
     rows = batch_size(batch)
@@ -141,6 +150,7 @@ def accumulate(
     total: Params | None = None
     loss_sum: torch.Tensor | None = None
     losses: list[torch.Tensor] = []
+    outputs: list[object] = []
     start = 0
     for c, n in enumerate(sizes):
         chunk = take(batch, torch.arange(start, start + n, device=device))
@@ -158,12 +168,13 @@ def accumulate(
         total = _scaled_sum(total, grads, share)
         loss_sum = loss * share if loss_sum is None else loss_sum + loss * share
         losses.append(run.losses if run.losses is not None else loss.new_zeros(0))
+        outputs.append(run.outputs)
         start += n
     assert total is not None and loss_sum is not None
     run = run._replace(
         batch=batch,
         sample_weights=weights,
-        outputs=None,
+        outputs=_joined(outputs),
         loss=loss_sum,
         losses=torch.cat(losses),
         step_key=base_key,

@@ -335,6 +335,15 @@ def test_evaluation_runs_without_gradients_and_needs_batches():
         sbfunc.step.evaluate(step, state, [], probe)
 
 
+def test_the_result_unpacks_as_state_and_history():
+    step, state, data, loss_fn = _setup([])
+    result = sbfunc.fit(step, state, data, epochs=1, progress=False, eval_data=data[:1],
+                        eval_fn=_metrics(loss_fn))  # fmt: skip
+    final, history = result
+    assert final is result.state and history is result.history and len(history) == SPE
+    assert len(result.evaluations) == 1
+
+
 def test_steps_duration_ending_mid_epoch_closes_neither_epoch_nor_iteration(tmp_path):
     step, state, data, _ = _setup([Recorder()])
     result = sbfunc.fit(step, state, data, steps=4, progress=False, checkpoint=tmp_path / "c.pt")
@@ -351,6 +360,7 @@ def test_steps_duration_ending_mid_epoch_closes_neither_epoch_nor_iteration(tmp_
     [
         ({"eval_fn": lambda p, b, x: {}}, ValueError, "eval_fn and eval_every need eval_data"),
         ({"eval_data": [()]}, ValueError, "eval_data needs eval_fn"),
+        ({"eval_data": [()], "eval_fn": 3}, TypeError, "eval_fn must be callable"),
         ({"eval_data": [()], "eval_fn": len, "eval_every": 2}, TypeError, "eval_every must be"),
         (
             {"eval_data": [()], "eval_fn": len, "eval_every": sbfunc.Duration(epochs=0)},

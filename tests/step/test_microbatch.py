@@ -105,7 +105,8 @@ class Sizes(sbfunc.Algorithm):
     def apply(self, event, state):
         n = sbfunc.batch_size(state.batch)
         losses = None if state.losses is None else state.losses.shape[0]
-        return state.replace(own=(*state.own, (event.name, n, losses)))
+        outputs = None if state.outputs is None else state.outputs.shape[0]
+        return state.replace(own=(*state.own, (event.name, n, losses, outputs)))
 
 
 def test_selection_comes_first_then_the_kept_rows_split():
@@ -117,14 +118,14 @@ def test_selection_comes_first_then_the_kept_rows_split():
     state, metrics = step(state, data[0])
     # 10 rows, 5 kept, then chunks of 2, 2 and 1 (full chunks: the kept rows fill them)
     assert state.algorithm_state[1] == (
-        ("BEFORE_FORWARD", 5, None),
-        ("AFTER_FORWARD", 2, None),
-        ("AFTER_LOSS", 2, 2),
-        ("AFTER_FORWARD", 2, None),
-        ("AFTER_LOSS", 2, 2),
-        ("AFTER_FORWARD", 1, None),
-        ("AFTER_LOSS", 1, 1),
-        ("AFTER_BACKWARD", 5, 5),  # once, on the whole kept batch
+        ("BEFORE_FORWARD", 5, None, None),
+        ("AFTER_FORWARD", 2, None, 2),
+        ("AFTER_LOSS", 2, 2, 2),
+        ("AFTER_FORWARD", 2, None, 2),
+        ("AFTER_LOSS", 2, 2, 2),
+        ("AFTER_FORWARD", 1, None, 1),
+        ("AFTER_LOSS", 1, 1, 1),
+        ("AFTER_BACKWARD", 5, 5, 5),  # once, on the whole kept batch
     )
     assert metrics.samples_in_batch == 10 and metrics.samples_backpropagated == 5
     assert [t.event for t in metrics.traces].count(E.AFTER_FORWARD) == 3
@@ -187,3 +188,19 @@ def test_validation(args, exc, msg):
         sbfunc.make_train_step(
             loss_fn, sbfunc.optim.sgd(0.1), microbatches=args[0], microbatch_size=args[1]
         )
+
+
+def test_the_core_compiles_with_fullgraph_after_selection():
+    """The only compile check here: SB keeps 5 of 10 rows, chunks of 2, 2 and 1, one graph."""
+    torch._dynamo.reset()
+    model, data = _setup()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=loss_fn)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb], microbatch_size=2)
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
+    plan = step.plan(state, data[0])
+    run, out = torch.compile(step.core, fullgraph=True)(plan, state, data[0])
+    eager_run, eager_out = step.core(plan, state, data[0])
+    assert out.samples_backpropagated == eager_out.samples_backpropagated == 5
+    for k in run.params:
+        torch.testing.assert_close(run.params[k], eager_run.params[k], rtol=1e-6, atol=1e-7)
