@@ -43,6 +43,7 @@ from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
     all_finite,
+    detach_tensors,
     differentiate,
     fresh_buffers,
     keep_if_finite,
@@ -208,11 +209,14 @@ class TrainStep(nn.Module):
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
-        plan = self.plan(state, batch)
+        if torch.compiler.is_compiling():  # host parts excluded from the graph
+            plan = torch.compiler.disable(self.plan)(state, batch)
+            run, out = self.core(plan, state, batch)
+            return torch.compiler.disable(self.finish)(state, run, out)
+        plan = self.plan(state, batch)  # eagerly: no compiler wrappers on the way
         run, out = self.core(plan, state, batch)
         return self.finish(state, run, out)
 
-    @torch.compiler.disable
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` and passes, from
         ``state.time``; events after the update see ``step`` and ``batch_in_epoch`` advanced)
@@ -347,13 +351,18 @@ class TrainStep(nn.Module):
             return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
 
         time = run.time
-        grads, loss, (new_buffers, run, losses) = differentiate(objective, run.params)
+        inside = plan.events[_INDEX[Event.AFTER_FORWARD]] or plan.events[_INDEX[Event.BEFORE_LOSS]]
+        grads, loss, (new_buffers, run, losses) = differentiate(
+            objective, run.params, detach_aux=False
+        )
+        # Eagerly the aux may carry autograd history: the outputs always, anything else only
+        # when algorithms ran inside the objective (buffers update under no_grad).
+        run = detach_tensors(run) if inside else run._replace(outputs=_detach(run.outputs))
         run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
         if not staged:
             run = run._replace(outputs=None)
         return run, grads, loss
 
-    @torch.compiler.disable
     def finish(self, state: TrainState, run: Run, out: _Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
@@ -377,6 +386,10 @@ class TrainStep(nn.Module):
             out.loss, out.samples_in_batch, out.samples_backpropagated, out.skipped, run.traces
         )
         return run.persistent(time), metrics
+
+
+def _detach(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else detach_tensors(x)
 
 
 def _check_losses(losses: Any, n: int) -> None:
