@@ -50,6 +50,7 @@ from sbfunc.step.gradients import (
     tracing,
     weighted_mean,
 )
+from sbfunc.step.microbatch import Microbatching, accumulate, microbatching
 
 __all__ = ["BATCH_EVENTS", "StepMetrics", "StepPlan", "TrainStep", "make_train_step"]
 
@@ -152,8 +153,10 @@ class TrainStep(nn.Module):
         passes: Sequence[Pass],
         nonfinite: NonFinite,
         keyed_model: bool,
+        microbatching: Microbatching | None = None,
     ) -> None:
         super().__init__()
+        self.microbatching = microbatching
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.algorithms = tuple(algorithms)
@@ -267,10 +270,13 @@ class TrainStep(nn.Module):
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
-        run, grads, loss = self._loss_and_grads(plan, run)
-        n_bwd = batch_size(run.batch)
-        run = self._fire(plan, Event.AFTER_LOSS, run)
-        run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        if self.microbatching is None:
+            run, grads, loss = self._loss_and_grads(plan, run)
+            n_bwd = batch_size(run.batch)
+            run = self._fire(plan, Event.AFTER_LOSS, run)
+            run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        else:  # the kept rows in chunks, gradients accumulated (sbfunc.step.microbatch)
+            run, grads, loss, n_bwd = accumulate(self, plan, run, self.microbatching)
         run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
         run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
         grads = grads if run.grads is None else run.grads
@@ -408,6 +414,8 @@ def make_train_step(
     *,
     nonfinite: NonFinite = "skip",
     keyed_model: bool | None = None,
+    microbatches: int | None = None,
+    microbatch_size: int | None = None,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -432,6 +440,11 @@ def make_train_step(
     ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
     ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
 
+    **Microbatching** (gradient accumulation): with ``microbatches=k`` or ``microbatch_size=m``
+    the rows kept after ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into
+    chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
+    to the whole batch's exactly (see :mod:`sbfunc.step.microbatch`, also for BatchNorm).
+
     Randomness inside the model (dropout) draws from the state's key, not from torch's global
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
@@ -447,6 +460,8 @@ def make_train_step(
         keyed_model: draw the model's random operations from the state's key; ``None``
             (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
             dropout (or multi-head attention) layers.
+        microbatches: split the kept rows into this many chunks (``None``: no split).
+        microbatch_size: or into chunks of this many rows, the last one smaller.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -487,4 +502,5 @@ def make_train_step(
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
-    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model)
+    split = microbatching(microbatches, microbatch_size)
+    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model, split)
