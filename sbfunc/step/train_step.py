@@ -43,12 +43,14 @@ from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
     all_finite,
+    detach_tensors,
     differentiate,
     fresh_buffers,
     keep_if_finite,
     tracing,
     weighted_mean,
 )
+from sbfunc.step.microbatch import Microbatching, accumulate, microbatching
 
 __all__ = ["BATCH_EVENTS", "StepMetrics", "StepPlan", "TrainStep", "make_train_step"]
 
@@ -151,10 +153,12 @@ class TrainStep(nn.Module):
         passes: Sequence[Pass],
         nonfinite: NonFinite,
         keyed_model: bool,
+        microbatching: Microbatching | None = None,
         *,
         per_sample: PerSample = None,
     ) -> None:
         super().__init__()
+        self.microbatching = microbatching
         self.per_sample = per_sample
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -208,11 +212,14 @@ class TrainStep(nn.Module):
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
-        plan = self.plan(state, batch)
+        if torch.compiler.is_compiling():  # host parts excluded from the graph
+            plan = torch.compiler.disable(self.plan)(state, batch)
+            run, out = self.core(plan, state, batch)
+            return torch.compiler.disable(self.finish)(state, run, out)
+        plan = self.plan(state, batch)  # eagerly: no compiler wrappers on the way
         run, out = self.core(plan, state, batch)
         return self.finish(state, run, out)
 
-    @torch.compiler.disable
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` and passes, from
         ``state.time``; events after the update see ``step`` and ``batch_in_epoch`` advanced)
@@ -267,10 +274,13 @@ class TrainStep(nn.Module):
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
-        run, grads, loss = self._loss_and_grads(plan, run)
-        n_bwd = batch_size(run.batch, per_sample=self.per_sample)
-        run = self._fire(plan, Event.AFTER_LOSS, run)
-        run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        if self.microbatching is None:
+            run, grads, loss = self._loss_and_grads(plan, run)
+            n_bwd = batch_size(run.batch, per_sample=self.per_sample)
+            run = self._fire(plan, Event.AFTER_LOSS, run)
+            run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        else:  # the kept rows in chunks, gradients accumulated (sbfunc.step.microbatch)
+            run, grads, loss, n_bwd = accumulate(self, plan, run, self.microbatching)
         run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
         run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
         grads = grads if run.grads is None else run.grads
@@ -345,13 +355,18 @@ class TrainStep(nn.Module):
             return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
 
         time = run.time
-        grads, loss, (new_buffers, run, losses) = differentiate(objective, run.params)
+        inside = plan.events[_INDEX[Event.AFTER_FORWARD]] or plan.events[_INDEX[Event.BEFORE_LOSS]]
+        grads, loss, (new_buffers, run, losses) = differentiate(
+            objective, run.params, detach_aux=False
+        )
+        # Eagerly the aux may carry autograd history: the outputs always, anything else only
+        # when algorithms ran inside the objective (buffers update under no_grad).
+        run = detach_tensors(run) if inside else run._replace(outputs=_detach(run.outputs))
         run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
         if not staged:
             run = run._replace(outputs=None)
         return run, grads, loss
 
-    @torch.compiler.disable
     def finish(self, state: TrainState, run: Run, out: _Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
@@ -377,6 +392,10 @@ class TrainStep(nn.Module):
         return run.persistent(time), metrics
 
 
+def _detach(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else detach_tensors(x)
+
+
 def _check_losses(losses: Any, n: int) -> None:
     if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or losses.shape[0] != n:
         got = (
@@ -399,6 +418,8 @@ def make_train_step(
     *,
     nonfinite: NonFinite = "skip",
     keyed_model: bool | None = None,
+    microbatches: int | None = None,
+    microbatch_size: int | None = None,
     per_sample: PerSample = None,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
@@ -424,6 +445,11 @@ def make_train_step(
     ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
     ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
 
+    **Microbatching** (gradient accumulation): with ``microbatches=k`` or ``microbatch_size=m``
+    the rows kept after ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into
+    chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
+    to the whole batch's exactly (see :mod:`sbfunc.step.microbatch`, also for BatchNorm).
+
     Randomness inside the model (dropout) draws from the state's key, not from torch's global
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
@@ -439,6 +465,8 @@ def make_train_step(
         keyed_model: draw the model's random operations from the state's key; ``None``
             (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
             dropout (or multi-head attention) layers.
+        microbatches: split the kept rows into this many chunks (``None``: no split).
+        microbatch_size: or into chunks of this many rows, the last one smaller.
         per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
             to count its rows; ``None`` infers them. It must be the spec of every algorithm
             that prunes rows (``SelectiveBackprop(per_sample=...)``).
@@ -488,6 +516,7 @@ def make_train_step(
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
     check_same_spec(check_per_sample(per_sample), algorithms)
+    split = microbatching(microbatches, microbatch_size)
     return TrainStep(
         loss_fn,
         optimizer,
@@ -495,5 +524,6 @@ def make_train_step(
         tuple(passes),
         nonfinite,
         keyed_model,
+        split,
         per_sample=per_sample,
     )
