@@ -80,7 +80,7 @@ class Spy(sbfunc.Algorithm):
         return state
 
 
-def make_run(classes, sb_kwargs, *, spec=SPEC):
+def make_run(classes, sb_kwargs, *, spec=SPEC, **step_kwargs):
     """A linear classifier of ``classes`` classes whose loss reads the class weights and checks
     every batch it sees (scoring and training) for alignment; SB with ``sb_kwargs``."""
     scored = []
@@ -98,7 +98,7 @@ def make_run(classes, sb_kwargs, *, spec=SPEC):
         0.0, 1.0, interrupt=0, loss_fn=loss_fn, per_sample=spec, **sb_kwargs
     )
     step = sbfunc.make_train_step(
-        loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy(classes, trained)], per_sample=spec
+        loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy(classes, trained)], per_sample=spec, **step_kwargs
     )
     g = torch.Generator().manual_seed(classes)
     params = {"w": torch.randn(classes, 4, generator=g) * 0.1, "b": torch.zeros(classes)}
@@ -139,6 +139,19 @@ def test_rank_power_keeps_every_field_aligned_through_the_step(n, keep, steps, f
         assert len(set(trained[-1])) == k and set(trained[-1]) <= set(ids)
     assert state.time.samples_forwarded == steps * (n + k)
     assert state.time.samples_backpropagated == steps * k
+
+
+@common
+@given(n=st.integers(4, 8), size=st.integers(1, 3), fields=fields_st)
+def test_microbatches_take_the_kept_rows_with_the_spec(n, size, fields):
+    step, state, trained, _ = make_run(n, {"keep": 0.5}, microbatch_size=size)
+    k = sbfunc.kept_count(n, 0.5)
+    ids = list(range(n))
+    state, metrics = step(state, mixed_batch(ids, n, fields))
+    assert metrics.samples_backpropagated == k and torch.isfinite(metrics.loss)
+    chunks = trained[-len(range(0, k, size)) :]  # Spy checked every chunk's alignment
+    assert [len(c) for c in chunks] == [min(size, k - s) for s in range(0, k, size)]
+    assert len({i for c in chunks for i in c}) == k
 
 
 @common
