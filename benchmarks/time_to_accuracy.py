@@ -1,25 +1,30 @@
 """Time to accuracy of Selective Backprop policies on MNIST-1D, with and without label noise.
 
-Trains a small 1-D CNN (torchopt adam) on MNIST-1D generated offline, with plain training and
-with :class:`sbfunc.SelectiveBackprop` running each policy of :mod:`sbfunc.policies`, at 0% and
-20% symmetric label noise, for several seeds. Runs are interleaved seed-major (seed -> noise ->
-method, the method order rotated per seed) so machine noise spreads over every method. Every
-method gets the same budget in epochs (the same loader batches); scoring forwards count in the
-forward samples. Per run it records wall time (training only, evaluation excluded), forward and
-backpropagated samples, final and best test accuracy, the wall time to reach the plain run's
-final accuracy (same seed and noise) and the share of backpropagated rows that were mislabelled
-(counted on ``AFTER_LOSS`` by sample id). Writes ``time_to_accuracy.{md,csv,png}``.
+Trains a 1-D CNN whose step is dominated by per-sample compute (width 96, four convolutions,
+a global-average-pooling head; see the regime table it prints) on MNIST-1D generated
+offline, with plain training and with :class:`sbfunc.SelectiveBackprop` running the policies
+of :mod:`sbfunc.policies`, at 0% and 20% symmetric label noise, for several seeds. Every method:
 
-Jiang et al.'s ``jiang_cdf`` runs twice: refilled to a fixed backprop batch with the
-``SelectiveBackprop(refill=...)`` (the kept rows wait in a :class:`sbfunc.policies.Queue`; a
-step trains once a full batch is queued, and a loader batch that leaves none makes no update),
-and per batch with a
-variable size inside ``SelectiveBackprop`` (``jiang_var``). RHO-LOSS reads irreducible losses
-precomputed per sample id by a model trained on a held-out split (with the same label noise);
-that model's training is reported separately, not charged to RHO-LOSS's wall time.
+* trains through ``torch.compile`` of its :func:`sbfunc.make_train_step` (one compiled step
+  per method, shared by every seed and noise level: the per-run data, the label-noise mask
+  and RHO-LOSS's irreducible losses enter through the state, so nothing recompiles; compile
+  time is reported apart and excluded, every step is warmed up on a throwaway state first);
+* uses Adam with a cosine learning rate decayed to zero over the run, plain included (Kaddour
+  et al. 2023: the gains of SB-like methods vanish against an undertuned baseline);
+* gets the same budget in epochs (the same loader batches, in the same order per seed) from
+  the same initial weights.
 
-Run: ``python benchmarks/time_to_accuracy.py`` (about 15-20 minutes on 2 CPU cores; writes
-``docs/results/``) or ``--quick`` (about a minute; writes to a temporary folder).
+Runs are interleaved seed-major (seed -> noise -> method, the method order rotated per seed)
+so machine noise spreads over every method. Per run it records training wall time
+(evaluation excluded), forward and backpropagated samples, final and best test accuracy, the
+wall time to reach the plain run's final accuracy (same seed and noise) and the share of
+backpropagated rows that were mislabelled. Before the runs it measures the regime in one
+interleaved loop: ``T_full`` (a plain step), ``T_kept`` (a plain step on the kept fraction),
+``T_score`` (the scoring forward) and ``T_sb`` (an SB step), and the ideal
+``T_full / (T_score + T_kept)``. Writes ``time_to_accuracy.{md,csv,png}``.
+
+Run: ``python benchmarks/time_to_accuracy.py`` (about 30 minutes on 2 CPU cores; writes
+``docs/results/``) or ``--quick`` (a few minutes; writes to a temporary folder).
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
-import torchopt
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -51,6 +56,7 @@ from sbfunc import policies as P
 from sbfunc import random as sbrandom
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tta_regime import measure_regime
 from _tta_report import write_outputs
 
 
@@ -58,26 +64,24 @@ from _tta_report import write_outputs
 class Config:
     """Study sizes; ``FULL`` is the committed run, ``QUICK`` a smoke run."""
 
-    num_samples: int = 16000  # generated: 80% train part (train + holdout), 20% test
-    train: int = 10000
-    holdout: int = 2800
-    epochs: int = 10
+    num_samples: int = 12000  # generated: 80% train part (train + holdout), 20% test
+    train: int = 6400
+    holdout: int = 3200
+    epochs: int = 8
     batch: int = 256
-    width: int = 32
-    lr: float = 5e-3
+    width: int = 96
+    lr: float = 3e-3
     keep: float = 0.5
     start: float = 0.1  # SB window [start, 1): a short plain warm-up
-    evals_per_epoch: int = 3
-    il_epochs: int = 25
+    evals_per_epoch: int = 2
+    il_epochs: int = 30
     seeds: tuple[int, ...] = (0, 1, 2)
     noises: tuple[float, ...] = (0.0, 0.2)
 
 
 FULL = Config()
-QUICK = Config(num_samples=3000, train=2000, holdout=400, epochs=3, batch=128, width=32,
-               evals_per_epoch=2, il_epochs=5, seeds=(0,))  # fmt: skip
-
-Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (x, y, sample ids)
+QUICK = Config(num_samples=2500, train=1024, holdout=512, epochs=2, batch=128, width=32,
+               evals_per_epoch=1, il_epochs=3, seeds=(0,))  # fmt: skip
 
 
 class Data(NamedTuple):
@@ -99,72 +103,63 @@ def load_data(cfg: Config) -> Data:
 
 
 def make_model(width: int) -> nn.Module:
+    """Four convolutions and a global-average-pooling head: any input length fits, so
+    downsampled scoring (``scale_factor < 1``) works."""
     c = width
     return nn.Sequential(
         nn.Conv1d(1, c, 5, padding=2), nn.ReLU(),
         nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
         nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
-        nn.Flatten(), nn.Linear(c * 10, 10),
+        nn.Conv1d(c, c, 5, padding=2), nn.ReLU(),
+        nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(c, 10),
     )  # fmt: skip
 
 
 class Audit(sbfunc.Algorithm):
-    """Counts, on ``AFTER_LOSS``, the backpropagated rows whose label was flipped (by id)."""
+    """Counts, on ``AFTER_LOSS``, the backpropagated rows whose label was flipped (by id).
 
-    def __init__(self, mislabelled: torch.Tensor) -> None:
-        self.mislabelled = mislabelled
+    Its state is ``(count, mislabelled mask)``: the mask of the run is set in the state, so
+    one compiled step serves every seed and noise level."""
 
-    def init(self, key: Any) -> torch.Tensor:
-        return torch.zeros((), dtype=torch.int64)
+    uses_key = False
+
+    def __init__(self, num_ids: int) -> None:
+        self.num_ids = num_ids
+
+    def init(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.zeros((), dtype=torch.int64), torch.zeros(self.num_ids, dtype=torch.int64)
 
     def match(self, event: sbfunc.Event, state: sbfunc.State) -> bool:
         return event == sbfunc.Event.AFTER_LOSS
 
     def apply(self, event: sbfunc.Event, state: sbfunc.State) -> sbfunc.State:
-        hits = self.mislabelled.index_select(0, state.batch[2]).sum()  # stays a tensor
-        counts = {**state.algorithm_state, self.name: state.algorithm_state[self.name] + hits}
-        return state.replace(algorithm_state=counts)
+        count, mask = state.own
+        return state.replace(own=(count + mask.index_select(0, state.batch[2]).sum(), mask))
 
 
-class Setting(NamedTuple):
-    """What a method needs to build its algorithms for one (seed, noise)."""
-
-    cfg: Config
-    loss_fn: sbfunc.ModuleLoss
-    grad_norm_fn: sbfunc.ModuleLoss
-    irreducible: torch.Tensor
-
-
-def _sb(
-    s: Setting, policy: P.Policy, loss_fn: sbfunc.ModuleLoss | None = None, refill: bool = False
-) -> list[Any]:
-    fn = s.loss_fn if loss_fn is None else loss_fn
-    b = s.cfg.batch  # refill: queue the kept rows into full batches of the loader's size
-    like = (
-        torch.zeros(b, 1, 40),
-        torch.zeros(b, dtype=torch.int64),
-        torch.zeros(b, dtype=torch.int64),
+def sb(cfg: Config, policy: P.Policy, loss_fn: sbfunc.ModuleLoss, **kw: Any) -> Any:
+    return sbfunc.SelectiveBackprop(
+        cfg.start, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids=2, **kw
     )
-    sb = sbfunc.SelectiveBackprop(
-        s.cfg.start, 1.0, interrupt=0, loss_fn=fn, policy=policy, ids=2,
-        refill=like if refill else None,
-    )  # fmt: skip
-    return [sb]
 
 
-METHODS: dict[str, Callable[[Setting], list[Any]]] = {
-    "plain": lambda s: [],
-    "rank_power": lambda s: _sb(s, P.rank_power_policy(s.cfg.keep)),
-    "top_k": lambda s: _sb(s, P.top_k_policy(s.cfg.keep)),
-    "random": lambda s: _sb(s, P.random_policy(s.cfg.keep)),
-    "jiang_cdf": lambda s: _sb(s, P.jiang_cdf(1.0), refill=True),
-    "jiang_var": lambda s: _sb(s, P.jiang_cdf(1.0)),
-    "stale_sb": lambda s: _sb(s, P.stale_sb(1.0, num_ids=s.cfg.train, max_age=2)),
-    "loshchilov": lambda s: _sb(s, P.loshchilov(100.0, s.cfg.keep, num_ids=s.cfg.train)),
-    "grad_norm": lambda s: _sb(s, P.grad_norm_importance(s.cfg.keep), s.grad_norm_fn),
-    "rho_loss": lambda s: _sb(s, P.rho_loss(s.cfg.keep, s.irreducible)),
-    "infobatch": lambda s: _sb(s, P.infobatch(0.5, 0.875, num_ids=s.cfg.train)),
-}
+def methods(cfg: Config, loss_fn: sbfunc.ModuleLoss, grad_norm_fn: sbfunc.ModuleLoss) -> dict:
+    """Each method's algorithms (before the audit). RHO-LOSS's table is a placeholder here:
+    each run puts its own irreducible losses in the state."""
+    k, n = cfg.keep, cfg.train
+    return {
+        "plain": lambda: [],
+        "rank_power": lambda: [sb(cfg, P.rank_power_policy(k), loss_fn)],
+        "rank_power_s0.5": lambda: [sb(cfg, P.rank_power_policy(k), loss_fn, scale_factor=0.5)],
+        "top_k": lambda: [sb(cfg, P.top_k_policy(k), loss_fn)],
+        "random": lambda: [sb(cfg, P.random_policy(k), loss_fn)],
+        "jiang_var": lambda: [sb(cfg, P.jiang_cdf(1.0), loss_fn)],
+        "stale_sb": lambda: [sb(cfg, P.stale_sb(1.0, num_ids=n, max_age=2), loss_fn)],
+        "loshchilov": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n, max_age=2), loss_fn)],
+        "infobatch": lambda: [sb(cfg, P.infobatch(0.5, 0.875, num_ids=n), loss_fn)],
+        "grad_norm": lambda: [sb(cfg, P.grad_norm_importance(k), grad_norm_fn)],
+        "rho_loss": lambda: [sb(cfg, P.rho_loss(k, torch.zeros(n)), loss_fn)],
+    }
 
 
 @dataclass
@@ -185,158 +180,154 @@ class Run:
     curve: list[tuple[float, float, int, int, float]] = field(default_factory=list, repr=False)
 
 
-def accuracy(
-    loss_fn: sbfunc.ModuleLoss, state: sbfunc.State, x: torch.Tensor, y: torch.Tensor
-) -> torch.Tensor:
+class Trainer(NamedTuple):
+    """One method: its step (eager, for init and events) and the compiled step."""
+
+    step: sbfunc.TrainStep
+    compiled: Callable[..., Any]
+    compile_s: float
+
+
+def build(cfg: Config, algorithms: list[Any], loss_fn: sbfunc.ModuleLoss, steps: int,
+          init: tuple[dict, dict], like: tuple[torch.Tensor, ...]) -> Trainer:  # fmt: skip
+    """Make and compile a method's step; warm it up (compiles) on a throwaway state."""
+    schedule = sbfunc.optim.cosine_decay_schedule(cfg.lr, steps)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(schedule), algorithms)
+    compiled = torch.compile(step)
+    state = step.init(*init, key=sbrandom.key(0))
+    t0 = time.perf_counter()
+    for elapsed in (0.0, 0.5, 0.6):  # before and inside the SB window; a second shape step
+        state = compiled(state._replace(time=state.time._replace(elapsed=elapsed)), like)[0]
+    return Trainer(step, compiled, time.perf_counter() - t0)
+
+
+def accuracy(eval_fn: sbfunc.ModuleLoss, params: dict, buffers: dict, d: Data) -> torch.Tensor:
     with torch.no_grad():
-        logits = loss_fn.forward(state.params, state.buffers, (x, y))
-        return (logits.argmax(1) == y).float().mean()
+        logits = eval_fn.forward(params, buffers, (d.x_test, d.y_test))
+    return (logits.argmax(1) == d.y_test).float().mean()
 
 
-Curve = list[tuple[float, float, int, int, torch.Tensor]]  # wall, cpu, fwd, bwd, accuracy
-
-
-def train(
-    advance: Callable[[sbfunc.State, Batch], sbfunc.State],
-    state: sbfunc.State,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    cfg: Config,
-    epochs: int,
-    key: sbrandom.Key,
-    evaluate: Callable[[sbfunc.State], torch.Tensor] | None = None,
-    desc: str = "",
-) -> tuple[sbfunc.State, Curve, float]:
-    """The loop: ``elapsed`` and ``epoch`` set per loader batch (so a refill loop that takes a
-    variable number of optimizer steps sees the same schedule); evaluation is untimed. Returns
-    the state, the curve (its last point holds the totals) and the training wall time."""
+def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
+          cfg: Config, epochs: int, key: sbrandom.Key,
+          evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
+          ) -> tuple[sbfunc.TrainState, list[tuple[float, float, int, int, Any]]]:  # fmt: skip
+    """``sbfunc.fit`` with the compiled step, paused (untimed) to evaluate; returns the state
+    and the curve (wall, cpu, forwarded, backpropagated, accuracy); its last point holds the
+    totals."""
     per_epoch = x.shape[0] // cfg.batch
     total, every = epochs * per_epoch, max(1, per_epoch // cfg.evals_per_epoch)
-    wall, cpu, done, curve = 0.0, 0.0, 0, []
-    clock = (time.perf_counter(), time.process_time())
 
-    def pause(evaluating: bool) -> None:
-        nonlocal wall, cpu, clock
-        wall += time.perf_counter() - clock[0]
-        cpu += time.process_time() - clock[1]
-        if evaluate is not None and evaluating:
+    def data(epoch: int) -> Any:
+        return sbfunc.datasets.batches(x, y, cfg.batch, key=sbrandom.fold_in(key, epoch))
+
+    wall = cpu = 0.0
+    curve: list[tuple[float, float, int, int, Any]] = []
+    for stop in [*range(every, total, every), total]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        state = sbfunc.fit(
+            trainer.compiled, state, data, epochs=epochs, steps_per_epoch=per_epoch,
+            stop_after=stop, progress=False, history=False,
+        ).state  # fmt: skip
+        wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
+        if evaluate is not None or stop == total:
             t = state.time
-            curve.append(
-                (wall, cpu, t.samples_forwarded, t.samples_backpropagated, evaluate(state))
-            )
-        clock = (time.perf_counter(), time.process_time())
-
-    pause(True)
-    bar = tqdm(total=total, desc=desc, leave=False, unit="batch", mininterval=0.5)
-    for epoch in range(epochs):
-        for batch in sbfunc.datasets.batches(x, y, cfg.batch, key=sbrandom.fold_in(key, epoch)):
-            t = state.time._replace(epoch=epoch, batch_in_epoch=done % per_epoch)
-            state = advance(state.replace(time=t._replace(elapsed=done / total)), batch)
-            done += 1
-            if done % every == 0 and done < total:
-                pause(True)
-        bar.update(per_epoch)
-    pause(True)
-    bar.close()
-    return state, curve, wall
-
-
-def fresh_state(
-    params: dict, buffers: dict, opt: Any, algorithms: list[Any], seed: int
-) -> sbfunc.State:
-    p = {k: v.clone() for k, v in params.items()}
-    key = sbrandom.key(seed)
-    return sbfunc.init_state(p, buffers, key=key, opt_state=opt.init(p), algorithms=algorithms)
+            acc = evaluate(state) if evaluate is not None else None
+            curve.append((wall, cpu, t.samples_forwarded, t.samples_backpropagated, acc))
+    return state, curve
 
 
 def irreducible_losses(
-    model: nn.Module, params: dict, buffers: dict, d: Data, y_hold: torch.Tensor,
-    y_train: torch.Tensor, cfg: Config, seed: int,
+    cfg: Config, trainer: Trainer, loss_fn: sbfunc.ModuleLoss, init: tuple[dict, dict], d: Data,
+    y_hold: torch.Tensor, y_train: torch.Tensor, seed: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
-    """RHO-LOSS's irreducible loss per training id: a model trained on the (noisy) holdout."""
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    opt = torchopt.adam(cfg.lr)
-    step = sbfunc.make_train_step(loss_fn, opt)
-    state = fresh_state(params, buffers, opt, [], seed)
-    il_cfg = replace(cfg, batch=min(cfg.batch, d.x_hold.shape[0] // 4))
-    state, _, wall = train(
-        _plain_advance(step), state, d.x_hold, y_hold, cfg=il_cfg, epochs=cfg.il_epochs,
-        key=sbrandom.key(10_000 + seed), desc="IL model",
-    )  # fmt: skip
+    """RHO-LOSS's irreducible loss per training id: the same CNN trained on the (noisy)
+    holdout with the same cosine schedule, scored in eval mode on the training labels."""
+    state = trainer.step.init(*init, key=sbrandom.key(seed))
+    state, curve = train(trainer, state, d.x_hold, y_hold, cfg=cfg, epochs=cfg.il_epochs,
+                         key=sbrandom.key(10_000 + seed))  # fmt: skip
     eval_fn = loss_fn.with_train(False)
     scored = sbfunc.score_losses(eval_fn, state.params, state.buffers, (d.x, y_train))
-    acc = float(accuracy(eval_fn, state, d.x_test, d.y_test))
-    return scored, {"wall_s": wall, "test_acc": acc}
+    acc = float(accuracy(eval_fn, state.params, state.buffers, d))
+    return scored, {"wall_s": curve[-1][0], "test_acc": acc}
 
 
-def one_run(
-    method: str, setting: Setting, data: tuple[torch.Tensor, torch.Tensor], flipped: torch.Tensor,
-    init: tuple[dict, dict], seed: int, noise: float, key: sbrandom.Key, d: Data,
-) -> Run:  # fmt: skip
+def one_run(method: str, trainer: Trainer, init: tuple[dict, dict], x: torch.Tensor,
+            y: torch.Tensor, flipped: torch.Tensor, irreducible: torch.Tensor, *, cfg: Config,
+            seed: int, noise: float, key: sbrandom.Key, d: Data,
+            eval_fn: sbfunc.ModuleLoss) -> Run:  # fmt: skip
     """Train one method from the shared initial weights and summarise the run."""
-    cfg, loss_fn = setting.cfg, setting.loss_fn
-    eval_fn = loss_fn.with_train(False)
-    audit, opt = Audit(flipped), torchopt.adam(cfg.lr)
-    algorithms = [*METHODS[method](setting), audit]
-    step = sbfunc.make_train_step(loss_fn, opt, algorithms)
-    state, curve, _ = train(
-        _plain_advance(step), fresh_state(*init, opt, algorithms, seed), *data, cfg=cfg,
-        epochs=cfg.epochs, key=key, evaluate=lambda s: accuracy(eval_fn, s, d.x_test, d.y_test),
-        desc=f"{method} s{seed} n{noise:.0%}",
-    )  # fmt: skip
+    state = trainer.step.init(*init, key=sbrandom.fold_in(key, 7))
+    own = list(state.algorithm_state)
+    own[-1] = (own[-1][0], flipped.to(torch.int64))  # the audit's mask for this run
+    if method == "rho_loss":
+        own[0] = P.RhoState(irreducible)
+    state = state._replace(algorithm_state=tuple(own))
+    state, curve = train(trainer, state, x, y, cfg=cfg, epochs=cfg.epochs, key=key,
+                         evaluate=lambda s: accuracy(eval_fn, s.params, s.buffers, d))  # fmt: skip
     t = state.time
     accs = [float(c[4]) for c in curve]  # the host reads accuracies once, after the run
-    mislabelled = int(state.algorithm_state[audit.name])
-    wall, cpu = curve[-1][0], curve[-1][1]
+    mislabelled = int(state.algorithm_state[-1][0])
     points = [(w, c, f, b, a) for (w, c, f, b, _), a in zip(curve, accs, strict=True)]
     return Run(
-        method, noise, seed, wall, cpu, t.samples_forwarded, t.samples_backpropagated, accs[-1],
-        max(accs), mislabelled / max(1, t.samples_backpropagated), curve=points,
+        method, noise, seed, curve[-1][0], curve[-1][1], t.samples_forwarded,
+        t.samples_backpropagated, accs[-1], max(accs),
+        mislabelled / max(1, t.samples_backpropagated), curve=points,
     )  # fmt: skip
 
 
-def run_study(cfg: Config, methods: list[str]) -> tuple[list[Run], list[dict[str, Any]]]:
+def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]:
     t0 = time.perf_counter()
     d = load_data(cfg)
     print(f"mnist1d: {d.x.shape[0]} train, {d.x_hold.shape[0]} holdout, {d.x_test.shape[0]} "
           f"test (generated in {time.perf_counter() - t0:.1f}s)")  # fmt: skip
+    torch.manual_seed(0)
     model = make_model(cfg.width)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     grad_norm_fn = sbfunc.per_sample_loss(model, P.logit_grad_norm)
+    init0 = sbfunc.split_module(model, clone=True)
+    b = cfg.batch
+    like = (torch.randn(b, 1, 40), torch.randint(0, 10, (b,)), torch.arange(b))
+    steps = cfg.epochs * (cfg.train // b)
+    table = methods(cfg, loss_fn, grad_norm_fn)
+    trainers: dict[str, Trainer] = {}
+    for name in tqdm(names, desc="compile", unit="step"):
+        trainers[name] = build(cfg, [*table[name](), Audit(cfg.train)], loss_fn, steps, init0, like)
+    il_cfg = replace(cfg, batch=min(b, cfg.holdout // 8))
+    il_steps = cfg.il_epochs * (cfg.holdout // il_cfg.batch)
+    il_like = tuple(t[: il_cfg.batch] for t in like)
+    il = build(il_cfg, [], loss_fn, il_steps, init0, il_like)
+    notes: dict[str, Any] = {
+        "compile_s": {k: round(v.compile_s, 1) for k, v in trainers.items()},
+        "regime": measure_regime(loss_fn, trainers, init0, like, cfg.keep),
+        "il": [],
+    }
     runs: list[Run] = []
-    il_notes: list[dict[str, Any]] = []
-    bar = tqdm(total=len(cfg.seeds) * len(cfg.noises) * len(methods), desc="runs", unit="run")
+    eval_fn = loss_fn.with_train(False)
+    bar = tqdm(total=len(cfg.seeds) * len(cfg.noises) * len(names), desc="runs", unit="run")
     for si, seed in enumerate(cfg.seeds):
         torch.manual_seed(seed)  # nn.Module init reads the global RNG: same init for all methods
         init = sbfunc.split_module(make_model(cfg.width), clone=True)
-        order = methods[si % len(methods) :] + methods[: si % len(methods)]
+        order = names[si % len(names) :] + names[: si % len(names)]
         for noise in cfg.noises:
             k = sbrandom.fold_in(sbrandom.key(seed), round(noise * 1000))
             noisy = sbfunc.datasets.with_label_noise
             y, flipped = noisy(d.y, noise, 10, key=sbrandom.fold_in(k, 1))
             y_hold, _ = noisy(d.y_hold, noise, 10, key=sbrandom.fold_in(k, 2))
             irreducible = torch.zeros(cfg.train)
-            if "rho_loss" in methods:
-                irreducible, note = irreducible_losses(model, *init, d, y_hold, y, cfg, seed)
-                il_notes.append({"seed": seed, "noise": noise, **note})
-            setting = Setting(cfg, loss_fn, grad_norm_fn, irreducible)
+            if "rho_loss" in names:
+                irreducible, note = irreducible_losses(il_cfg, il, loss_fn, init, d, y_hold, y,
+                                                       seed)  # fmt: skip
+                notes["il"].append({"seed": seed, "noise": noise, **note})
             for method in order:
-                run = one_run(
-                    method, setting, (d.x, y), flipped, init, seed, noise,
-                    sbrandom.fold_in(k, 3), d,
-                )  # fmt: skip
+                run = one_run(method, trainers[method], init, d.x, y, flipped, irreducible,
+                              cfg=cfg, seed=seed, noise=noise, key=sbrandom.fold_in(k, 3), d=d,
+                              eval_fn=eval_fn)  # fmt: skip
                 runs.append(run)
                 bar.update(1)
-                bar.set_postfix(
-                    method=method, acc=f"{run.final_acc:.3f}", wall=f"{run.wall_s:.1f}s"
-                )
+                bar.set_postfix(method=method, acc=f"{run.final_acc:.3f}",
+                                wall=f"{run.wall_s:.1f}s")  # fmt: skip
     bar.close()
-    return score_targets(runs), il_notes
-
-
-def _plain_advance(step: sbfunc.TrainStep) -> Callable[[sbfunc.State, Batch], sbfunc.State]:
-    return lambda s, b: step(s, b)[0]
+    return score_targets(runs), notes
 
 
 def score_targets(runs: list[Run]) -> list[Run]:
@@ -355,32 +346,34 @@ def score_targets(runs: list[Run]) -> list[Run]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    names = list(methods(QUICK, None, None))  # type: ignore[arg-type]
+    parser.add_argument("--methods", nargs="+", default=names, choices=names)
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--epochs", type=int, default=None, help="override the epochs")
     parser.add_argument("--width", type=int, default=None, help="override the CNN width")
-    parser.add_argument("--lr", type=float, default=None, help="override the learning rate")
     args = parser.parse_args()
     torch.set_num_threads(2)
+    # one compiled step per method, several input shapes (full batch, SB's kept rows, the
+    # scoring forward, the irreducible-loss model's batch): raise dynamo's recompile limits
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.accumulated_recompile_limit = 4096
     cfg = QUICK if args.quick else FULL
     if args.seeds is not None:
         cfg = replace(cfg, seeds=tuple(range(args.seeds)))
-    for name in ("epochs", "width", "lr"):
+    for name in ("epochs", "width"):
         if getattr(args, name) is not None:
             cfg = replace(cfg, **{name: getattr(args, name)})
-    methods = ["plain", *[m for m in args.methods if m != "plain"]]
+    chosen = ["plain", *[m for m in args.methods if m != "plain"]]
     quick_out = Path(tempfile.gettempdir()) / "sbfunc_tta_quick"
     out = args.out or (quick_out if args.quick else Path("docs/results"))
     start = time.perf_counter()
-    runs, il_notes = run_study(cfg, methods)
+    runs, notes = run_study(cfg, chosen)
     total = time.perf_counter() - start
     command = " ".join(["python benchmarks/time_to_accuracy.py", *sys.argv[1:]])
-    paths = write_outputs(
-        out, runs=[asdict(r) for r in runs], il_notes=il_notes, config=asdict(cfg),
-        total_s=total, command=command,
-    )  # fmt: skip
+    paths = write_outputs(out, runs=[asdict(r) for r in runs], notes=notes, config=asdict(cfg),
+                          total_s=total, command=command)  # fmt: skip
     print(f"total {total / 60:.1f} min; wrote " + ", ".join(str(p) for p in paths))
 
 

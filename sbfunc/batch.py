@@ -17,7 +17,7 @@ disagree on ``N`` are an error, never a guess.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 import torch
@@ -38,6 +38,7 @@ __all__ = [
     "PerSample",
     "batch_size",
     "check_per_sample",
+    "check_same_spec",
     "extract",
     "replace",
     "take",
@@ -243,6 +244,44 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
     if len(set(sizes.values())) > 1:
         raise _disagree_error(sizes)
     return cast(Batch, pruned)
+
+
+def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:
+    """Check that every algorithm that prunes rows (one with a ``per_sample`` attribute, such as
+    :class:`sbfunc.SelectiveBackprop`, found inside combinators through their ``parts``) uses
+    the step's ``per_sample`` spec, so the step counts the rows the algorithm prunes.
+
+    Raises:
+        ValueError: naming the first algorithm whose spec differs, and both specs.
+
+    Example:
+        >>> sb = sbfunc.SelectiveBackprop(loss_fn=lambda p, b, x: x, per_sample={"w": False})
+        >>> sbfunc.batch.check_same_spec({"w": False}, [sbfunc.chain(sb)])
+        >>> sbfunc.batch.check_same_spec(None, [sb])
+        Traceback (most recent call last):
+        ...
+        ValueError: SelectiveBackprop prunes with per_sample={'w': False}, but the step ...
+
+    References:
+        Equinox ``filter_spec`` (one spec for one batch).
+    """
+    pending = list(algorithms)
+    while pending:
+        alg = pending.pop(0)
+        pending.extend(getattr(alg, "parts", ()))
+        if not hasattr(alg, "per_sample"):
+            continue
+        theirs = alg.per_sample
+        try:
+            same = theirs is per_sample or bool(theirs == per_sample)
+        except Exception:  # a spec whose == does not give a bool
+            same = False
+        if not same:
+            raise ValueError(
+                f"{getattr(alg, 'name', type(alg).__name__)} prunes with per_sample={theirs!r}, "
+                f"but the step counts rows with per_sample={per_sample!r}; pass the same spec "
+                "to make_train_step(..., per_sample=) and to the algorithm"
+            )
 
 
 def extract(batch: Any, key: Field, what: str = "key") -> Any:

@@ -234,6 +234,13 @@ def per_sample_loss(
     return ModuleLoss(module, criterion, input=input, target=target, output=output, train=train)
 
 
+def _has_tied_tensors(module: nn.Module) -> bool:
+    """Whether a parameter or buffer is registered under two names (tied embeddings)."""
+    params = list(module.named_parameters(remove_duplicate=False))
+    buffers = list(module.named_buffers(remove_duplicate=False))
+    return len({id(t) for _, t in params + buffers}) < len(params) + len(buffers)
+
+
 _RANDOM_LAYERS: tuple[type[nn.Module], ...] = (
     nn.modules.dropout._DropoutNd,
     nn.MultiheadAttention,
@@ -321,6 +328,8 @@ class ModuleLoss:
         self._criterion = _per_element_criterion(criterion)
         self.input, self.target = check_inputs(input), target
         self.output, self.train = check_output(output), train
+        # functional_call unties shared tensors on every call unless told there are none.
+        self._tied = _has_tied_tensors(module)
 
     def with_train(self, train: bool | None) -> ModuleLoss:
         """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss).
@@ -344,7 +353,9 @@ class ModuleLoss:
         loss's train/eval mode."""
         args, kwargs = read_inputs(batch, self.input)
         with module_mode(self.module, self.train) as module:
-            outputs = functional_call(module, (params, buffers), args, kwargs)
+            outputs = functional_call(
+                module, (params, buffers), args, kwargs, tie_weights=self._tied
+            )
         return select_output(outputs, self.output)
 
     def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:

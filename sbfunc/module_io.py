@@ -184,6 +184,8 @@ def select_output(outputs: Any, output: Output) -> Any:
             raise IndexError(
                 f"output={output} cannot index the module's output, {_describe(outputs)}"
             ) from err
+    if isinstance(value, torch.Tensor):  # no message to build (compiled, a tensor has no __dict__)
+        return value
     return _check_tensors(value, f"output={output!r} selected {_describe(value)}; it")
 
 

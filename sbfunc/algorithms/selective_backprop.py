@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import Field, batch_size, extract, take
+from sbfunc.batch import Field, PerSample, batch_size, check_per_sample, extract, take
 from sbfunc.compat.composer import check_window, should_selective_backprop
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.module import LossFn, ModuleLoss, draws_randomness, mode_dependent
@@ -51,7 +51,8 @@ class SelectiveBackprop(Algorithm):
     On ``AFTER_DATALOADER``, when ``should_selective_backprop(elapsed, batch_in_epoch, start,
     end, interrupt)`` holds, it scores every row with ``loss_fn`` under no-grad (input
     downsampled by ``scale_factor``), chooses the kept rows from a key split off
-    its own key, prunes **every** leaf of the pytree batch, and sets
+    its own key, prunes **every** per-sample leaf of the pytree batch (tensors, NumPy arrays,
+    lists of strings; ``per_sample`` says which leaves those are), and sets
     ``state.sample_weights`` from the selection. The scoring forward counts in
     ``time.samples_forwarded``. All arguments are validated here, at construction.
 
@@ -104,6 +105,12 @@ class SelectiveBackprop(Algorithm):
         scope: under data parallelism, which rows one selection ranges over (see
             :func:`sbfunc.distributed.selection_scope`); ``None``: this process's batch alone,
             with no communication.
+        per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
+            for counting, scoring a subset, pruning and queueing rows; ``None`` infers them
+            (tensors and arrays of rank >= 1, lists/tuples of strings or ids). Give a
+            ``[C]`` class-weight tensor ``False`` (with ``C == N`` it only looks per-sample).
+            Pass the same spec to :func:`sbfunc.make_train_step`, which checks that they
+            agree. Not supported with ``scope`` yet.
         name: the name in traces (and of its random stream).
 
     Example:
@@ -153,6 +160,7 @@ class SelectiveBackprop(Algorithm):
         reuse_losses: bool | None = None,
         score_dtype: torch.dtype | None = None,
         scope: SelectionScope | None = None,
+        per_sample: PerSample = None,
         name: str | None = None,
     ) -> None:
         check_window(start, end, interrupt)
@@ -209,12 +217,18 @@ class SelectiveBackprop(Algorithm):
             raise TypeError(f"ids must be an int or str batch field, got {ids!r}")
         self.loss_fn, self.select = loss_fn, rank_power if select is None else select
         self.ids, self.input = ids, input
-        self.refill = None if refill is None else empty_queue(refill)  # validates the example
-        self.refill_size = 0 if refill is None else batch_size(refill)
+        self.per_sample = check_per_sample(per_sample)
+        self.refill = None if refill is None else empty_queue(refill, per_sample=per_sample)
+        self.refill_size = 0 if refill is None else batch_size(refill, per_sample=per_sample)
         if scope is not None and not callable(getattr(scope, "prune", None)):
             raise TypeError(
                 "scope must be a selection scope (sbfunc.distributed.selection_scope), got "
                 f"{scope!r}"
+            )
+        if scope is not None and per_sample is not None:
+            raise ValueError(
+                "per_sample is not supported with scope yet (selection scopes prune and "
+                "exchange rows by the default rule); leave one of them out"
             )
         self.scope = scope
         if name is not None:
@@ -244,7 +258,7 @@ class SelectiveBackprop(Algorithm):
         if shape not in self._fits:
             check_downsampled_scoring(
                 self.loss_fn, state.params, state.buffers, state.batch, self.scale_factor,
-                input=self.input,
+                input=self.input, per_sample=self.per_sample,
             )  # fmt: skip
             self._fits.add(shape)
 
@@ -269,6 +283,7 @@ class SelectiveBackprop(Algorithm):
             scale_factor=self.scale_factor,
             input=self.input,
             dtype=self.score_dtype,
+            per_sample=self.per_sample,
         )
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
@@ -278,13 +293,14 @@ class SelectiveBackprop(Algorithm):
                 batch, score, policy_state, state.key, epoch, elapsed
             )
         elif self.policy is None:
-            forwarded = batch_size(batch)
+            forwarded = batch_size(batch, per_sample=self.per_sample)
             selection = self.select(score(batch), self.keep, key=state.key)
-            batch, weights = take(batch, selection.indices), selection.weights
+            batch = take(batch, selection.indices, per_sample=self.per_sample)
+            weights = selection.weights
         else:
             ids = None if self.ids is None else extract(batch, self.ids, "ids")
             scores, scored, forwarded = score_needed(
-                self.policy, policy_state, batch, ids, epoch, score
+                self.policy, policy_state, batch, ids, epoch, score, per_sample=self.per_sample
             )
             pruned = apply_policy(
                 self.policy,
@@ -296,6 +312,7 @@ class SelectiveBackprop(Algorithm):
                 epoch=epoch,
                 elapsed=elapsed,
                 scored=scored,
+                per_sample=self.per_sample,
             )
             batch, weights, policy_state = pruned.batch, pruned.weights, pruned.state
         own = policy_state
@@ -345,8 +362,12 @@ class SelectiveBackprop(Algorithm):
                 f"{self.name}: refill cannot queue weighted selections; use a policy without "
                 "weights (e.g. jiang_cdf(beta) with reweight=False)"
             )
-        full, queue = dequeue(enqueue(queue, kept), self.refill_size)
-        return (empty_queue(kept).rows if full is None else full), queue  # 0 rows: no update
+        spec = self.per_sample
+        queue = enqueue(queue, kept, per_sample=spec)
+        full, queue = dequeue(queue, self.refill_size, per_sample=spec)
+        if full is None:  # 0 rows: the step makes no update
+            full = empty_queue(kept, per_sample=spec).rows
+        return full, queue
 
     def __repr__(self) -> str:
         how = f"policy={self.policy!r}" if self.policy is not None else f"keep={self.keep}"

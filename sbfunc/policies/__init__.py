@@ -20,7 +20,13 @@ from sbfunc.policies.base import (
     make_policy,
     stateless,
 )
-from sbfunc.policies.fixed_count import random_policy, rank_power_policy, rho_loss, top_k_policy
+from sbfunc.policies.fixed_count import (
+    RhoState,
+    random_policy,
+    rank_power_policy,
+    rho_loss,
+    top_k_policy,
+)
 from sbfunc.policies.importance import (
     ImportanceState,
     grad_norm_importance,
@@ -56,6 +62,7 @@ __all__ = [
     "Pruned",
     "Queue",
     "Record",
+    "RhoState",
     "ScoreRows",
     "SelectArgs",
     "SelectPolicy",

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import Field, batch_size, extract, take
+from sbfunc.batch import Field, PerSample, batch_size, extract, take
 from sbfunc.policies.base import Policy, PolicyState
 from sbfunc.score.losses import batch_device
 
@@ -54,6 +54,7 @@ def apply_policy(
     epoch: int | torch.Tensor = 0,
     elapsed: float | torch.Tensor = 0.0,
     scored: torch.Tensor | None = None,
+    per_sample: PerSample = None,
 ) -> Pruned:
     """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them.
 
@@ -68,6 +69,8 @@ def apply_policy(
         epoch: the current epoch.
         elapsed: the fraction of training done.
         scored: which entries of ``scores`` are fresh (see :func:`score_needed`).
+        per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`);
+            ``None`` infers them.
 
     Returns:
         A :class:`Pruned`.
@@ -87,14 +90,14 @@ def apply_policy(
     References:
         Jiang et al. 2019 (score, select, prune); Mindermann et al. 2022.
     """
-    n = batch_size(batch)
+    n = batch_size(batch, per_sample=per_sample)
     if scores.shape != (n,):
         raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
     id_tensor = None if ids is None else extract(batch, ids, "ids")
     sel, state = policy.select(
         scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored
     )
-    return Pruned(take(batch, sel.indices), sel.weights, sel.indices, state)
+    return Pruned(take(batch, sel.indices, per_sample=per_sample), sel.weights, sel.indices, state)
 
 
 def score_needed(
@@ -104,6 +107,8 @@ def score_needed(
     ids: torch.Tensor | None,
     epoch: int | torch.Tensor,
     score_fn: Callable[[Any], torch.Tensor],
+    *,
+    per_sample: PerSample = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, int]:
     """Scores for ``policy.select``, running ``score_fn`` only on the rows the policy needs
     (``policy.score_rows``; every row when it is ``None``).
@@ -116,6 +121,8 @@ def score_needed(
         epoch: the current epoch.
         score_fn: ``batch -> Tensor[n]`` per-sample scores (e.g. a partial of
             :func:`sbfunc.score_losses`).
+        per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`);
+            ``None`` infers them.
 
     Returns:
         ``(scores, scored, forwarded)``: ``Tensor[N]`` with fresh scores on the scored rows
@@ -135,7 +142,7 @@ def score_needed(
     References:
         Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
     """
-    n = batch_size(batch)
+    n = batch_size(batch, per_sample=per_sample)
     if n == 0:  # an empty batch: no forward, and select returns an empty selection
         return torch.zeros(0, device=batch_device(batch)), None, 0
     if policy.score_rows is None:
@@ -144,7 +151,7 @@ def score_needed(
     rows = scored.nonzero().reshape(-1)  # variable size
     if rows.shape[0] == 0:  # every row's loss is remembered: no forward at all
         return torch.zeros(n, device=scored.device), scored, 0
-    fresh = score_fn(take(batch, rows))
+    fresh = score_fn(take(batch, rows, per_sample=per_sample))
     scores = torch.zeros(n, dtype=fresh.dtype, device=fresh.device)
     return (
         scores.index_put((rows.to(fresh.device),), fresh),

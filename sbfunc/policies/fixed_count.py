@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from sbfunc import random as sbrandom
-from sbfunc.policies.base import Policy, check_ids, stateless
+from sbfunc.policies.base import Policy, SelectArgs, check_ids, make_policy, stateless
 from sbfunc.select import Selection, check_keep, random_subset, rank_power, top_k
 from sbfunc.validation import check_tensor
 
-__all__ = ["random_policy", "rank_power_policy", "rho_loss", "top_k_policy"]
+__all__ = ["RhoState", "random_policy", "rank_power_policy", "rho_loss", "top_k_policy"]
 
 
 def rank_power_policy(keep: float) -> Policy:
@@ -93,7 +94,9 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
 
     ``irreducible[i]`` is the loss of sample id ``i`` under a model trained on holdout data
     (precomputed once). Mislabelled samples have a high irreducible loss too, so unlike
-    loss-based selection RHO-LOSS does not chase them. Needs ``ids``. ``weights=None``.
+    loss-based selection RHO-LOSS does not chase them. Needs ``ids``. ``weights=None``. The
+    table is the policy's state (:class:`RhoState`), not a constant of the policy: a compiled
+    step serves any table, which can be swapped in the train state.
 
     Args:
         keep: fraction kept, in (0, 1].
@@ -108,10 +111,10 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
     Example:
         >>> from sbfunc.policies import rho_loss
         >>> policy = rho_loss(0.5, irreducible=torch.tensor([0.0, 4.5, 0.0, 0.0]))
-        >>> sel, _ = policy.select(torch.tensor([1.0, 5.0, 2.0, 0.5]), policy.init(),
-        ...                        key=sbfunc.random.key(0), ids=torch.arange(4))
-        >>> sel.indices
-        tensor([0, 2])
+        >>> sel, state = policy.select(torch.tensor([1.0, 5.0, 2.0, 0.5]), policy.init(),
+        ...                            key=sbfunc.random.key(0), ids=torch.arange(4))
+        >>> sel.indices, state.irreducible[1]
+        (tensor([0, 2]), tensor(4.5000))
 
     References:
         Mindermann et al. 2022, "Prioritized Training on Points that are Learnable, Worth
@@ -123,9 +126,30 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
     )
     table = irreducible.detach().clone()
 
-    def rule(scores: torch.Tensor, key: sbrandom.Key, ids: torch.Tensor | None) -> Selection:
-        ids = check_ids(ids, scores.shape[0], "rho_loss").to(table.device)
-        reducible = scores - table.index_select(0, ids).to(scores)
-        return top_k(reducible, keep, key=key)
+    def init() -> RhoState:
+        return RhoState(table)
 
-    return stateless(rule)
+    def rule(scores: torch.Tensor, state: RhoState, a: SelectArgs) -> tuple[Selection, RhoState]:
+        ids = check_ids(a.ids, scores.shape[0], "rho_loss").to(state.irreducible.device)
+        reducible = scores - state.irreducible.index_select(0, ids).to(scores)
+        return top_k(reducible, keep, key=a.key), state
+
+    return make_policy(init, rule)
+
+
+class RhoState(NamedTuple):
+    """The state of :func:`rho_loss`.
+
+    Attributes:
+        irreducible: ``Tensor[M]``, the irreducible loss of every sample id.
+
+    Example:
+        >>> from sbfunc.policies import rho_loss
+        >>> rho_loss(0.5, torch.zeros(3)).init().irreducible
+        tensor([0., 0., 0.])
+
+    References:
+        Mindermann et al. 2022 (the irreducible loss model).
+    """
+
+    irreducible: torch.Tensor

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sbfunc.batch import Field, batch_size, extract, replace, take
+from sbfunc.batch import Field, PerSample, batch_size, extract, replace, take
 from sbfunc.validation import check_fraction
 
 __all__ = [
@@ -97,6 +97,7 @@ def check_downsampled_scoring(
     scale_factor: float,
     *,
     input: Field = 0,
+    per_sample: PerSample = None,
 ) -> None:
     """Check, on one row (on zero rows for an empty batch), that ``loss_fn`` accepts the batch
     with its ``input`` downsampled by ``scale_factor``; raise a ``ValueError`` that says which
@@ -105,6 +106,13 @@ def check_downsampled_scoring(
     A model whose head expects a fixed input size (a ``Linear`` after ``Flatten``) accepts no
     factor but 1; one with adaptive or global pooling accepts most. ``SelectiveBackprop``
     calls this once per input shape, on the host, before its first downsampled scoring.
+
+    Args:
+        loss_fn, params, buffers, batch: the per-sample loss, its tensors and a batch.
+        scale_factor: the spatial scale to check, in (0, 1].
+        input: where the input sits in the batch.
+        per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`),
+            to take its first row; ``None`` infers them.
 
     Raises:
         ValueError: naming the shapes, torch's error, and the factors among 3/4, 1/2 and 1/4
@@ -125,7 +133,8 @@ def check_downsampled_scoring(
     """
 
     def runs(factor: float) -> str | None:
-        one = take(batch, torch.zeros(min(1, batch_size(batch)), dtype=torch.int64))
+        rows = min(1, batch_size(batch, per_sample=per_sample))
+        one = take(batch, torch.zeros(rows, dtype=torch.int64), per_sample=per_sample)
         try:
             with torch.no_grad():
                 loss_fn(params, buffers, downsample_batch(one, factor, input=input))

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
-from sbfunc.batch import Field, batch_size
+from sbfunc.batch import Field, PerSample, batch_size
 from sbfunc.module import LossFn, Params, reduce_per_sample
 from sbfunc.score.downsample import check_scale_factor, downsample_batch
 
@@ -30,6 +30,7 @@ def score_losses(
     scale_factor: float = 1.0,
     input: Field = 0,
     dtype: torch.dtype | None = None,
+    per_sample: PerSample = None,
 ) -> torch.Tensor:
     """Per-sample losses of a whole batch, computed without building a graph.
 
@@ -51,6 +52,8 @@ def score_losses(
         input: where the input sits in the batch (only used when ``scale_factor != 1``).
         dtype: run the forward under ``torch.autocast`` with this dtype (e.g.
             ``torch.bfloat16``) on the batch's device; the scores come back as ``float32``.
+        per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`),
+            to count its rows; ``None`` infers them.
 
     Returns:
         A detached ``Tensor[N]`` on the batch's device; for an empty batch, an empty one
@@ -71,7 +74,7 @@ def score_losses(
     References:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
-    n = batch_size(batch)
+    n = batch_size(batch, per_sample=per_sample)
     if n == 0:
         check_scale_factor(scale_factor)
         return torch.zeros(0, device=batch_device(batch))

@@ -1,5 +1,6 @@
 """Step: the pure training step and the loop helper."""
 
+from sbfunc.step.evaluation import Evaluation, evaluate
 from sbfunc.step.gradients import weighted_mean
 from sbfunc.step.loop import Duration, FitResult, fit
 from sbfunc.step.train_step import (
@@ -13,10 +14,12 @@ from sbfunc.step.train_step import (
 __all__ = [
     "BATCH_EVENTS",
     "Duration",
+    "Evaluation",
     "FitResult",
     "StepMetrics",
     "StepPlan",
     "TrainStep",
+    "evaluate",
     "fit",
     "make_train_step",
     "weighted_mean",

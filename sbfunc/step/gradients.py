@@ -20,6 +20,7 @@ from torch.func import grad_and_value
 
 __all__ = [
     "all_finite",
+    "detach_tensors",
     "differentiate",
     "fresh_buffers",
     "keep_if_finite",
@@ -101,7 +102,10 @@ def tracing() -> bool:
 
 
 def differentiate(
-    objective: Callable[[Params], tuple[torch.Tensor, Any]], params: Params
+    objective: Callable[[Params], tuple[torch.Tensor, Any]],
+    params: Params,
+    *,
+    detach_aux: bool = True,
 ) -> tuple[Params, torch.Tensor, Any]:
     """Gradients of ``objective(params) -> (loss, aux)`` w.r.t. every entry of ``params``.
 
@@ -109,6 +113,8 @@ def differentiate(
         objective: a pure function of the parameter dict returning a 0-d loss and any
             auxiliary pytree (returned detached).
         params: the parameters (never mutated; their ``requires_grad`` is not touched).
+        detach_aux: detach every tensor of the aux eagerly (``False``: the caller detaches
+            what may carry autograd history; while compiling, aux is always detached).
 
     Returns:
         ``(grads, loss, aux)``: a dict like ``params`` (zeros for unused entries), the detached
@@ -140,10 +146,14 @@ def differentiate(
         k: torch.zeros_like(v) if g is None else g
         for (k, v), g in zip(leaves.items(), raw, strict=True)
     }
-    aux = optree.tree_map(
-        lambda x: x.detach() if isinstance(x, torch.Tensor) else x, aux, none_is_leaf=True
+    return grads, loss.detach(), detach_tensors(aux) if detach_aux else aux
+
+
+def detach_tensors(tree: Any) -> Any:
+    """``tree`` with every tensor leaf detached."""
+    return optree.tree_map(
+        lambda x: x.detach() if isinstance(x, torch.Tensor) else x, tree, none_is_leaf=True
     )
-    return grads, loss.detach(), aux
 
 
 def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:

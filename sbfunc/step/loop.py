@@ -1,19 +1,22 @@
-"""The loop helper: epoch-level events, elapsed time, progress and sample accounting."""
+"""The loop helper: Composer's whole event sequence around the step, evaluation,
+checkpoints, elapsed time, progress and sample accounting."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sized
+import os
+from collections.abc import Iterable, Iterator, Sized
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tqdm.auto import tqdm
 
 from sbfunc.engine import Event, TrainState
+from sbfunc.step.evaluation import EvalFn, Evaluation
+from sbfunc.step.sequence import Data, Loop, epoch_batches, load, postfix
 from sbfunc.step.train_step import StepMetrics, TrainStep
 from sbfunc.validation import check_int
 
 __all__ = ["Duration", "FitResult", "fit"]
-
-Data = Iterable[Any] | Callable[[int], Iterable[Any]]
 
 
 class Duration(NamedTuple):
@@ -42,29 +45,55 @@ class Duration(NamedTuple):
         return self.steps if self.steps is not None else value * steps_per_epoch
 
 
-class FitResult(NamedTuple):
-    """What :func:`fit` returns.
+@dataclass(frozen=True)
+class FitResult:
+    """What :func:`fit` returns; unpacks as ``state, history`` (``evaluations`` by name).
 
     Attributes:
         state: the final train state.
         history: one :class:`StepMetrics` per step run by this call (empty with
             ``fit(..., history=False)``).
+        evaluations: one :class:`~sbfunc.step.Evaluation` per evaluation run by this call, in
+            order (empty without ``eval_data``).
 
     Example:
         >>> state = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
-        >>> sbfunc.FitResult(state, []).history
-        []
+        >>> result = sbfunc.FitResult(state, [])
+        >>> final, history = result
+        >>> history, result.evaluations
+        ([], ())
 
     References:
-        MosaicML Composer ``Trainer.fit``.
+        MosaicML Composer ``Trainer.fit`` and ``Trainer.eval``.
     """
 
     state: TrainState
     history: list[StepMetrics]
+    evaluations: tuple[Evaluation, ...] = ()
+
+    def __iter__(self) -> Iterator[Any]:
+        """``state, history = fit(...)``, as when the result was a pair."""
+        return iter((self.state, self.history))
 
 
-def _epoch_batches(data: Data, epoch: int) -> Iterable[Any]:
-    return data(epoch) if callable(data) else data
+def _interval(value: Duration | None, name: str) -> tuple[str, int] | None:
+    """``("epochs" | "steps", n)`` from a :class:`Duration` argument, or ``None``."""
+    if value is None:
+        return None
+    if not isinstance(value, Duration):
+        raise TypeError(f"{name} must be an sbfunc.Duration or None, got {value!r}")
+    unit, n = ("epochs", value.epochs) if value.epochs is not None else ("steps", value.steps)
+    if (value.epochs is None) == (value.steps is None) or (
+        isinstance(n, bool) or not isinstance(n, int) or n < 1
+    ):
+        raise ValueError(
+            f"{name} must give exactly one of epochs or steps, an int >= 1; got {value!r}"
+        )
+    return unit, n
+
+
+def _positive(value: int | None, name: str) -> int | None:
+    return None if value is None else check_int(value, name, low=1, fix="or None")
 
 
 def fit(
@@ -79,16 +108,62 @@ def fit(
     log_every: int = 10,
     stop_after: int | None = None,
     history: bool = True,
+    eval_data: Iterable[Any] | None = None,
+    eval_fn: EvalFn | None = None,
+    eval_every: Duration | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    save_every: Duration | None = None,
+    load_from: str | os.PathLike[str] | None = None,
+    iteration_epochs: int | None = None,
 ) -> FitResult:
-    """Run a training loop around a :class:`TrainStep`, firing the epoch-level events.
+    """Run a training loop around a :class:`TrainStep`, firing Composer's whole event sequence.
 
-    Fires ``FIT_START`` (``INIT`` fired in ``step.init``), then per epoch
-    ``EPOCH_START``, the steps, ``EPOCH_END``, and finally ``FIT_END``, through the step's own
-    algorithms and passes. Before every step ``time.elapsed`` is set to
-    ``steps_done / total_steps`` (a fraction in [0, 1]); after every epoch ``time.epoch`` is
-    incremented and ``time.batch_in_epoch`` reset. A state loaded from a checkpoint resumes
-    where it stopped: finished epochs and the batches already seen in the current one are
-    skipped, so a resumed run equals an uninterrupted one when ``data`` is deterministic.
+    The events, in Composer's order (``INIT`` fires in ``step.init``)::
+
+        BEFORE_LOAD, AFTER_LOAD (around loading load_from), FIT_START
+        per iteration: ITERATION_START
+          per epoch: EPOCH_START
+            per batch: BEFORE_DATALOADER, the step (AFTER_DATALOADER ... BATCH_END),
+                       [evaluation], BATCH_CHECKPOINT
+            BEFORE_DATALOADER (the fetch that finds the epoch's data exhausted)
+            EPOCH_END, [evaluation], EPOCH_CHECKPOINT
+          ITERATION_END, ITERATION_CHECKPOINT
+        FIT_END, [evaluation]
+        evaluation: EVAL_BEFORE_ALL, EVAL_START, per batch (EVAL_BATCH_START,
+          EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END), EVAL_END, EVAL_AFTER_ALL
+
+    Every call fires ``BEFORE_LOAD`` and ``AFTER_LOAD`` (a call is Composer's ``Trainer``
+    construction plus ``fit``), around loading ``load_from`` into the shape of ``state`` when
+    given. An iteration spans ``iteration_epochs`` epochs, or the whole run by default; the
+    run's end also ends the last iteration (Composer never ends an iteration without a
+    configured length). A run that ends mid-epoch (a duration in steps) ends neither the epoch
+    nor the iteration, as in Composer, and after the step that completes the duration no
+    ``BEFORE_DATALOADER`` fires.
+
+    Before every step ``time.elapsed`` is set to ``steps_done / total_steps`` (a fraction in
+    [0, 1]); when an epoch ends ``EPOCH_END`` fires, then ``time.epoch`` is incremented and
+    ``time.batch_in_epoch`` reset. A state loaded from a checkpoint resumes where it stopped:
+    finished epochs and the batches already seen in the current one are skipped (without
+    events), so a resumed run fires the same events and ends in the same state as an
+    uninterrupted one when ``data`` is deterministic (only ``BEFORE_LOAD``, ``AFTER_LOAD``
+    and ``FIT_START`` fire again).
+
+    **Evaluation** (with ``eval_data``): ``eval_fn(params, buffers, batch)`` returns a pytree of
+    per-batch means; it runs under ``torch.no_grad()`` and must evaluate in eval mode (e.g. on
+    ``sbfunc.per_sample_loss(..., train=False)``). It runs after ``BATCH_END`` every
+    ``eval_every.steps`` steps or after ``EPOCH_END`` every ``eval_every.epochs`` epochs
+    (default: every epoch), and after ``FIT_END`` unless the schedule just evaluated the final
+    state (Composer's default ``eval_interval`` and end-of-training evaluation). See
+    :func:`sbfunc.step.evaluate` for the events and the averaging.
+
+    **Checkpoints** (with ``checkpoint=path``): the state is saved atomically with
+    :func:`sbfunc.checkpoint.save` after ``BATCH_CHECKPOINT`` every ``save_every.steps`` steps,
+    or every ``save_every.epochs`` epochs (default: every epoch) after ``EPOCH_CHECKPOINT``
+    (after ``ITERATION_CHECKPOINT`` when the iteration ends with the epoch, so a resumed run
+    misses no event), and once more after the run's last checkpoint event. ``path`` is
+    formatted with ``step`` and ``epoch`` (``"ckpt/step{step}.pt"``; without fields each save
+    replaces the last); its folder is created. Pass a saved file to ``load_from=`` (or
+    :func:`sbfunc.checkpoint.load` it) to resume.
 
     Selective methods change what progress means, so the progress bar and ``state.time``
     report forward samples (scoring + training forwards) and backpropagated samples separately.
@@ -97,23 +172,40 @@ def fit(
 
     Args:
         step: from :func:`sbfunc.make_train_step` (or ``torch.compile`` of one).
-        state: initial (or resumed) state.
+        state: initial (or resumed) state; with ``load_from``, the template it loads into
+            (e.g. a fresh ``step.init(...)``).
         data: a re-iterable of batches with ``len`` (a list, a DataLoader) or a function
             ``epoch -> iterable`` (for per-epoch shuffling from a key).
         epochs: duration in epochs; or
         steps: duration in steps.
-        steps_per_epoch: batches per epoch when ``data`` has no ``len``.
+        steps_per_epoch: batches per epoch when ``data`` has no ``len`` (at most this many are
+            taken from each epoch's data).
         progress: show a tqdm progress bar.
         log_every: steps between progress-bar loss updates.
-        stop_after: return once ``time.step`` reaches this value, before the end of the
-            duration (a preemption point): ``FIT_END`` does not fire and the returned state,
-            saved with :mod:`sbfunc.checkpoint` and passed to ``fit`` again with the same
-            duration, continues exactly as if never stopped.
+        stop_after: return once ``time.step`` reaches this value (after that step's
+            ``BATCH_CHECKPOINT``, or after the epoch's end when that step ends it; the data is
+            not fetched further), before the end of the duration (a preemption point):
+            ``FIT_END`` does not fire and the returned state, saved with
+            :mod:`sbfunc.checkpoint` and passed to ``fit`` again with the same duration,
+            continues exactly as if never stopped.
         history: keep every step's :class:`StepMetrics` (their loss tensors stay alive);
             ``False`` keeps none.
+        eval_data: a re-iterable of evaluation batches.
+        eval_fn: ``eval_fn(params, buffers, batch) -> metrics`` (required with ``eval_data``).
+        eval_every: a :class:`Duration` in epochs or steps (default ``Duration(epochs=1)``).
+        checkpoint: where to save checkpoints (see above).
+        save_every: a :class:`Duration` in epochs or steps (default ``Duration(epochs=1)``).
+        load_from: a checkpoint to load into ``state``'s structure before training.
+        iteration_epochs: epochs per iteration (``None``: one iteration, the whole run).
 
     Returns:
         A :class:`FitResult`.
+
+    Raises:
+        ValueError: for a duration, interval or count out of range, ``eval_data`` without
+            ``eval_fn`` (or the reverse), ``eval_every``/``save_every`` without
+            ``eval_data``/``checkpoint``, or data that yields no batch in an epoch.
+        TypeError: for arguments of the wrong type.
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -125,11 +217,26 @@ def fit(
         >>> result.state.time.step, result.state.time.epoch, result.state.time.elapsed
         (6, 2, 1.0)
 
+        Evaluation every epoch, and a checkpoint every 4 steps:
+
+        >>> def metrics(params, buffers, batch):
+        ...     return {"loss": loss_fn(params, buffers, batch).mean()}
+        >>> import tempfile, os
+        >>> folder = tempfile.mkdtemp()
+        >>> result = sbfunc.fit(step, state, data, epochs=2, progress=False, eval_data=data[:1],
+        ...                     eval_fn=metrics, checkpoint=os.path.join(folder, "s{step}.pt"),
+        ...                     save_every=sbfunc.Duration(steps=4))
+        >>> [(e.step, e.event.name) for e in result.evaluations]
+        [(3, 'EPOCH_END'), (6, 'EPOCH_END')]
+        >>> sorted(os.listdir(folder))
+        ['s4.pt', 's6.pt']
+
     References:
-        MosaicML Composer ``Trainer.fit`` events and ``Time``.
+        MosaicML Composer ``Trainer.fit`` (its event order, ``eval_interval``,
+        ``save_interval`` and iterations) and ``Time``.
     """
     if steps_per_epoch is None:
-        probe = _epoch_batches(data, 0)
+        probe = epoch_batches(data, 0)
         if not isinstance(probe, Sized):
             raise ValueError("data has no len(); pass steps_per_epoch")
         steps_per_epoch = len(probe)
@@ -139,60 +246,69 @@ def fit(
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
     total = Duration(epochs, steps).total_steps(steps_per_epoch)
     check_int(log_every, "log_every", low=1)
-    limit = total
-    if stop_after is not None:
-        check_int(stop_after, "stop_after", low=1)
-        limit = min(total, stop_after)
-
+    limit = min(total, _positive(stop_after, "stop_after") or total)
     if not isinstance(history, bool):
         raise TypeError(f"history must be True or False, got {history!r}")
-    kept: list[StepMetrics] = []
-    last: StepMetrics | None = None
-    state, _ = step.fire(Event.FIT_START, state)
+    eval_on = _eval_config(eval_data, eval_fn, eval_every)
+    save_on = _save_config(checkpoint, save_every)
+    _positive(iteration_epochs, "iteration_epochs")
+    if load_from is not None and not isinstance(load_from, str | os.PathLike):
+        raise TypeError(f"load_from must be a path or None, got {type(load_from).__name__}")
+
+    state = load(step, state, load_from)
+    state = step.fire(Event.FIT_START, state)[0]
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
-    while state.time.step < limit:
-        skip = state.time.batch_in_epoch
-        if skip == 0:  # a resumed state is mid-epoch: its EPOCH_START has fired already
-            state, _ = step.fire(Event.EPOCH_START, state)
-        ran, stopped = 0, False
-        for i, batch in enumerate(_epoch_batches(data, state.time.epoch)):
-            if i < skip:
-                continue
-            if state.time.batch_in_epoch >= steps_per_epoch:
-                break
-            if state.time.step >= limit:
-                stopped = True
-                break
-            state = state.replace(time=state.time._replace(elapsed=state.time.step / total))
-            state, last = step(state, batch)
-            if history:
-                kept.append(last)
-            ran += 1
-            bar.update(1)
-            if progress and state.time.step % log_every == 0:
-                _postfix(bar, state, last)
-        if ran == 0 and not stopped:
-            raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
-        mid_epoch = stopped or (
-            state.time.step >= limit and state.time.batch_in_epoch < steps_per_epoch
-        )
-        if not mid_epoch:  # the epoch ran out of batches or reached steps_per_epoch
-            state, _ = step.fire(Event.EPOCH_END, state)
-            t = state.time
-            state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
-    if progress and last is not None and state.time.step % log_every != 0:
-        _postfix(bar, state, last)  # the final numbers, not those of the last refresh
+    loop = Loop(
+        step,
+        data,
+        steps_per_epoch,
+        total,
+        limit,
+        eval_on=eval_on,
+        save_on=save_on,
+        iteration_epochs=iteration_epochs,
+        history=history,
+        bar=bar,
+        log_every=log_every if progress else None,
+    )
+    state = loop.run(state)
+    if progress and loop.last is not None and state.time.step % log_every != 0:
+        postfix(bar, state, loop.last)  # the final numbers, not those of the last refresh
     bar.close()
     if state.time.step < total:  # stopped early: resume later with fit(...) again
-        return FitResult(state, kept)
+        return FitResult(state, loop.kept, tuple(loop.evaluations))
     state = state.replace(time=state.time._replace(elapsed=1.0))
-    state, _ = step.fire(Event.FIT_END, state)
-    return FitResult(state, kept)
+    state = step.fire(Event.FIT_END, state)[0]
+    if eval_on is not None and not loop.evaluated_at_end(state):
+        state = loop.evaluate(state, Event.FIT_END)
+    return FitResult(state, loop.kept, tuple(loop.evaluations))
 
 
-def _postfix(bar: Any, state: TrainState, metrics: StepMetrics) -> None:
-    bar.set_postfix(
-        loss=f"{float(metrics.loss):.4f}",
-        fwd=state.time.samples_forwarded,
-        bwd=state.time.samples_backpropagated,
-    )
+def _eval_config(
+    data: Iterable[Any] | None, eval_fn: EvalFn | None, every: Duration | None
+) -> tuple[Iterable[Any], EvalFn, tuple[str, int]] | None:
+    if data is None:
+        if eval_fn is not None or every is not None:
+            raise ValueError("eval_fn and eval_every need eval_data")
+        return None
+    if eval_fn is None:
+        raise ValueError("eval_data needs eval_fn(params, buffers, batch) -> metrics, got None")
+    if not callable(eval_fn):
+        raise TypeError(f"eval_fn must be callable, got {type(eval_fn).__name__}")
+    interval = _interval(Duration(epochs=1) if every is None else every, "eval_every")
+    assert interval is not None
+    return data, eval_fn, interval
+
+
+def _save_config(
+    path: str | os.PathLike[str] | None, every: Duration | None
+) -> tuple[str, tuple[str, int]] | None:
+    if path is None:
+        if every is not None:
+            raise ValueError("save_every needs checkpoint=path")
+        return None
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"checkpoint must be a path or None, got {type(path).__name__}")
+    interval = _interval(Duration(epochs=1) if every is None else every, "save_every")
+    assert interval is not None
+    return os.fspath(path), interval

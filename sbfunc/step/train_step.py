@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import batch_size
+from sbfunc.batch import PerSample, batch_size, check_per_sample, check_same_spec
 from sbfunc.engine import (
     Algorithm,
     Clock,
@@ -43,12 +43,14 @@ from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
     all_finite,
+    detach_tensors,
     differentiate,
     fresh_buffers,
     keep_if_finite,
     tracing,
     weighted_mean,
 )
+from sbfunc.step.microbatch import Microbatching, accumulate, microbatching
 
 __all__ = ["BATCH_EVENTS", "StepMetrics", "StepPlan", "TrainStep", "make_train_step"]
 
@@ -151,8 +153,13 @@ class TrainStep(nn.Module):
         passes: Sequence[Pass],
         nonfinite: NonFinite,
         keyed_model: bool,
+        microbatching: Microbatching | None = None,
+        *,
+        per_sample: PerSample = None,
     ) -> None:
         super().__init__()
+        self.microbatching = microbatching
+        self.per_sample = per_sample
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.algorithms = tuple(algorithms)
@@ -205,11 +212,14 @@ class TrainStep(nn.Module):
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
-        plan = self.plan(state, batch)
+        if torch.compiler.is_compiling():  # host parts excluded from the graph
+            plan = torch.compiler.disable(self.plan)(state, batch)
+            run, out = self.core(plan, state, batch)
+            return torch.compiler.disable(self.finish)(state, run, out)
+        plan = self.plan(state, batch)  # eagerly: no compiler wrappers on the way
         run, out = self.core(plan, state, batch)
         return self.finish(state, run, out)
 
-    @torch.compiler.disable
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` and passes, from
         ``state.time``; events after the update see ``step`` and ``batch_in_epoch`` advanced)
@@ -250,23 +260,27 @@ class TrainStep(nn.Module):
         run = Run.start(state, batch, plan.clock)
         if plan.clock is not None:  # every key of the step derives from the step-start clock
             run = run._replace(step_key=sbrandom.fold_in(state.key, plan.clock.step))
-        n_in = batch_size(batch)
+        n_in = batch_size(batch, per_sample=self.per_sample)
         for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
             run = self._fire(plan, event, run)
         skipped_so_far = state.time.updates_skipped
         if skipped_so_far is None:
             skipped_so_far = torch.zeros((), dtype=torch.int64, device=state.key.device)
-        if batch_size(run.batch) == 0 and not self.data_parallel:  # every row left: no update
+        n_kept = batch_size(run.batch, per_sample=self.per_sample)
+        if n_kept == 0 and not self.data_parallel:  # every row left: no update
             if run.clock is not None:
                 run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
             run = self._fire(plan, Event.BATCH_END, run)
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
-        run, grads, loss = self._loss_and_grads(plan, run)
-        n_bwd = batch_size(run.batch)
-        run = self._fire(plan, Event.AFTER_LOSS, run)
-        run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        if self.microbatching is None:
+            run, grads, loss = self._loss_and_grads(plan, run)
+            n_bwd = batch_size(run.batch, per_sample=self.per_sample)
+            run = self._fire(plan, Event.AFTER_LOSS, run)
+            run = self._fire(plan, Event.BEFORE_BACKWARD, run)
+        else:  # the kept rows in chunks, gradients accumulated (sbfunc.step.microbatch)
+            run, grads, loss, n_bwd = accumulate(self, plan, run, self.microbatching)
         run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
         run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
         grads = grads if run.grads is None else run.grads
@@ -335,19 +349,24 @@ class TrainStep(nn.Module):
             else:
                 with randomness():
                     losses = loss_fn(p, b, r.batch)
-            _check_losses(losses, batch_size(r.batch))
+            _check_losses(losses, batch_size(r.batch, per_sample=self.per_sample))
             # The host clock stays out of the aux: its Python numbers would become constants
             # of a compiled graph (and recompile it every step).
             return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
 
         time = run.time
-        grads, loss, (new_buffers, run, losses) = differentiate(objective, run.params)
+        inside = plan.events[_INDEX[Event.AFTER_FORWARD]] or plan.events[_INDEX[Event.BEFORE_LOSS]]
+        grads, loss, (new_buffers, run, losses) = differentiate(
+            objective, run.params, detach_aux=False
+        )
+        # Eagerly the aux may carry autograd history: the outputs always, anything else only
+        # when algorithms ran inside the objective (buffers update under no_grad).
+        run = detach_tensors(run) if inside else run._replace(outputs=_detach(run.outputs))
         run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
         if not staged:
             run = run._replace(outputs=None)
         return run, grads, loss
 
-    @torch.compiler.disable
     def finish(self, state: TrainState, run: Run, out: _Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
@@ -373,6 +392,10 @@ class TrainStep(nn.Module):
         return run.persistent(time), metrics
 
 
+def _detach(x: Any) -> Any:
+    return x.detach() if isinstance(x, torch.Tensor) else detach_tensors(x)
+
+
 def _check_losses(losses: Any, n: int) -> None:
     if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or losses.shape[0] != n:
         got = (
@@ -395,6 +418,9 @@ def make_train_step(
     *,
     nonfinite: NonFinite = "skip",
     keyed_model: bool | None = None,
+    microbatches: int | None = None,
+    microbatch_size: int | None = None,
+    per_sample: PerSample = None,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -419,6 +445,11 @@ def make_train_step(
     ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
     ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
 
+    **Microbatching** (gradient accumulation): with ``microbatches=k`` or ``microbatch_size=m``
+    the rows kept after ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into
+    chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
+    to the whole batch's exactly (see :mod:`sbfunc.step.microbatch`, also for BatchNorm).
+
     Randomness inside the model (dropout) draws from the state's key, not from torch's global
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
@@ -434,6 +465,16 @@ def make_train_step(
         keyed_model: draw the model's random operations from the state's key; ``None``
             (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
             dropout (or multi-head attention) layers.
+        microbatches: split the kept rows into this many chunks (``None``: no split).
+        microbatch_size: or into chunks of this many rows, the last one smaller.
+        per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
+            to count its rows; ``None`` infers them. It must be the spec of every algorithm
+            that prunes rows (``SelectiveBackprop(per_sample=...)``).
+
+    Raises:
+        TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
+        ValueError: for ``nonfinite`` out of its values, or an algorithm pruning with
+            another ``per_sample`` spec than ``per_sample``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -474,4 +515,15 @@ def make_train_step(
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
-    return TrainStep(loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model)
+    check_same_spec(check_per_sample(per_sample), algorithms)
+    split = microbatching(microbatches, microbatch_size)
+    return TrainStep(
+        loss_fn,
+        optimizer,
+        algorithms,
+        tuple(passes),
+        nonfinite,
+        keyed_model,
+        split,
+        per_sample=per_sample,
+    )

@@ -99,7 +99,7 @@ def local_policy(policy: Policy, world: int) -> Policy:
             parts.append(sel)
         return _concat(parts, n), state
 
-    return Policy(policy.init, select, policy.score_rows)
+    return Policy(policy.init, select)
 
 
 def _concat(parts: list[Selection], n: int) -> Selection:
@@ -114,13 +114,19 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
     net = model()
     loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
     policy = None if scenario.policy is None else scenario.policy()
+    if policy is not None and comm is None:  # a scoped selection scores every row
+        policy = policy._replace(score_rows=None)
     select = scenario.select
     if comm is None and scenario.kind == "local":
         if policy is None:
             select = local_select(select or sbfunc.rank_power, WORLD)
         else:
             policy = local_policy(policy, WORLD)
-    kwargs: dict[str, Any] = {"policy": policy, "ids": 2} if policy is not None else {}
+    # No loss reuse: a scoped selection cannot record per-rank training losses, and the
+    # one-process reference must decide from the same information.
+    kwargs: dict[str, Any] = (
+        {"policy": policy, "ids": 2, "reuse_losses": False} if policy is not None else {}
+    )
     if policy is None:
         kwargs.update(keep=0.5, select=select)
     if comm is not None:

@@ -1,5 +1,6 @@
 from collections import namedtuple
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -76,3 +77,65 @@ def test_bad_arguments():
         enqueue(q, (torch.zeros(2),))  # another structure
     with pytest.raises(ValueError, match="per-sample"):
         empty_queue({"name": "x"})
+
+
+SPEC = {"class_weight": False}
+
+
+def mixed_batch(ids, tag="train"):
+    """Every per-sample kind, each a function of the id; a [C] class weight with C == 3."""
+    return {
+        "id": torch.tensor(ids, dtype=torch.int64),
+        "name": [f"n{i}" for i in ids],
+        "ids": tuple(ids),
+        "arr": np.array([[i, 2 * i] for i in ids], dtype=np.int64).reshape(-1, 2),
+        "class_weight": torch.tensor([1.0, 2.0, 3.0]),
+        "meta": {"tag": tag},
+    }
+
+
+def check_aligned(batch):
+    ids = batch["id"].tolist()
+    assert batch["name"] == [f"n{i}" for i in ids] and batch["ids"] == tuple(ids)
+    assert batch["arr"].shape == (len(ids), 2) and batch["arr"][:, 1].tolist() == [
+        2 * i for i in ids
+    ]
+    assert batch["class_weight"].tolist() == [1.0, 2.0, 3.0]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(
+    b=st.integers(1, 5),
+    sizes=st.lists(st.integers(0, 4), min_size=1, max_size=8),
+)
+def test_mixed_leaves_stay_aligned_through_the_queue(b, sizes):
+    queue, emitted, next_id, pushed = (
+        empty_queue(mixed_batch([0, 1, 2]), per_sample=SPEC),
+        [],
+        0,
+        [],
+    )
+    for step, size in enumerate(sizes):  # some batches have C == N == 3 rows
+        ids = list(range(next_id, next_id + size))
+        next_id += size
+        pushed += ids
+        queue = enqueue(queue, mixed_batch(ids, tag=f"t{step}"), per_sample=SPEC)
+        assert queue.rows["meta"]["tag"] == f"t{step}"  # metadata: the newest batch's
+        out, queue = dequeue(queue, b, per_sample=SPEC)
+        if out is not None:
+            assert sbfunc.batch_size(out, per_sample=SPEC) == b
+            emitted.append(out)
+    out, queue = flush(queue, per_sample=SPEC)
+    emitted += [] if out is None else [out]
+    assert sbfunc.batch_size(queue.rows, per_sample=SPEC) == 0
+    for out in [*emitted, queue.rows]:
+        check_aligned(out)
+    assert [i for out in emitted for i in out["id"].tolist()] == pushed
+
+
+def test_enqueue_refuses_another_kind_of_leaf():
+    q = empty_queue({"x": torch.zeros(2), "s": ["a", "b"]})
+    with pytest.raises(TypeError, match=r"batch\['s'\] is a Tensor, but the queue holds a list"):
+        enqueue(q, {"x": torch.zeros(2), "s": torch.zeros(2)})
+    with pytest.raises(ValueError, match="per-sample leaves"):
+        enqueue(q, {"x": torch.zeros(2), "s": "meta"})

@@ -1,0 +1,65 @@
+"""The regime of the time-to-accuracy study: what a plain step, its kept part and the scoring
+forward cost, measured interleaved in one loop with the study's compiled steps."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import sbfunc
+
+
+def _timed(fns: dict[str, Callable[[], Any]], repeats: int, inner: int) -> dict[str, list[float]]:
+    for fn in fns.values():  # warm-up (and compiles what is not compiled yet)
+        for _ in range(3):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():  # interleaved: machine noise spreads over every variant
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times[k].append((time.perf_counter() - t0) / inner)
+    return times
+
+
+def measure_regime(
+    loss_fn: sbfunc.ModuleLoss, trainers: dict[str, Any], init: tuple[dict, dict],
+    like: tuple[torch.Tensor, ...], keep: float, *, repeats: int = 7, inner: int = 4,
+) -> dict[str, Any]:  # fmt: skip
+    """Medians (ms) and [min, max] of ``T_full``, ``T_kept``, ``T_score`` and of the SB steps
+    the study runs (inside their window), plus the ideal ``T_full / (T_score + T_kept)``."""
+    n = max(1, int(keep * like[0].shape[0]))
+    kept = tuple(t[:n] for t in like)
+    score = torch.compile(lambda p, b, batch: sbfunc.score_losses(loss_fn, p, b, batch))
+    plain = trainers["plain"]
+    states = {}
+
+    def stepper(name: str, batch: Any, trainer: Any) -> Callable[[], None]:
+        s = trainer.step.init(*init, key=sbfunc.random.key(0))
+        states[name] = s._replace(time=s.time._replace(elapsed=0.5))
+
+        def run() -> None:
+            states[name] = trainer.compiled(states[name], batch)[0]
+
+        return run
+
+    fns = {"T_full": stepper("T_full", like, plain), "T_kept": stepper("T_kept", kept, plain),
+           "T_score": lambda: score(*init, like)}  # fmt: skip
+    for m in ("rank_power", "rank_power_s0.5"):
+        if m in trainers:
+            fns[f"T_sb[{m}]"] = stepper(m, like, trainers[m])
+    times = _timed(fns, repeats, inner)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    out: dict[str, Any] = {k: [round(med[k], 1), round(min(v) * 1e3, 1), round(max(v) * 1e3, 1)]
+                           for k, v in times.items()}  # fmt: skip
+    out["ideal"] = round(med["T_full"] / (med["T_score"] + med["T_kept"]), 3)
+    for k in med:
+        if k.startswith("T_sb"):
+            out[f"T_full/{k}"] = round(med["T_full"] / med[k], 3)
+    out["note"] = "ms: median [min, max] over interleaved repeats"
+    return out

@@ -1,0 +1,180 @@
+"""Composer's event sequence over iterations, epochs and batches, for :func:`sbfunc.fit`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from sbfunc import checkpoint as ckpt
+from sbfunc.engine import Event, TrainState
+from sbfunc.step.evaluation import EvalFn, Evaluation, evaluate
+from sbfunc.step.train_step import StepMetrics, TrainStep
+
+__all__ = ["Data", "Loop", "epoch_batches", "load", "postfix"]
+
+Data = Iterable[Any] | Callable[[int], Iterable[Any]]
+"""Training data: a re-iterable of batches or a function ``epoch -> iterable``."""
+
+
+def epoch_batches(data: Data, epoch: int) -> Iterable[Any]:
+    """The batches of ``epoch``: ``data(epoch)`` for a function, else ``data`` itself."""
+    return data(epoch) if callable(data) else data
+
+
+_END = object()  # the data ran out
+
+
+class Loop:
+    """One call's loop: configuration, the progress bar and what the call collects."""
+
+    def __init__(
+        self,
+        step: TrainStep,
+        data: Data,
+        steps_per_epoch: int,
+        total: int,
+        limit: int,
+        *,
+        eval_on: tuple[Iterable[Any], EvalFn, tuple[str, int]] | None,
+        save_on: tuple[str, tuple[str, int]] | None,
+        iteration_epochs: int | None,
+        history: bool,
+        bar: Any,
+        log_every: int | None,
+    ) -> None:
+        self.step, self.data, self.spe = step, data, steps_per_epoch
+        self.total, self.limit = total, limit
+        self.eval_on, self.save_on = eval_on, save_on
+        self.iteration_epochs = iteration_epochs
+        self.history, self.bar, self.log_every = history, bar, log_every
+        self.kept: list[StepMetrics] = []
+        self.evaluations: list[Evaluation] = []
+        self.last: StepMetrics | None = None
+
+    def fire(self, event: Event, state: TrainState) -> TrainState:
+        """``event`` through the step's algorithms and passes."""
+        return self.step.fire(event, state)[0]
+
+    def run(self, state: TrainState) -> TrainState:
+        """Epochs until ``time.step`` reaches the limit."""
+        while True:
+            t = state.time
+            if t.step >= self.limit:
+                if t.batch_in_epoch >= self.spe:  # the last batch also ended the epoch
+                    if t.step < self.total:  # stopped early: the full run fetches once more
+                        state = self.fire(Event.BEFORE_DATALOADER, state)
+                    state = self.close_epoch(state)
+                return state
+            if t.batch_in_epoch == 0:  # a resumed state is mid-epoch: its START events fired
+                k = self.iteration_epochs
+                if (t.epoch == 0) if k is None else (t.epoch % k == 0):
+                    state = self.fire(Event.ITERATION_START, state)
+                state = self.fire(Event.EPOCH_START, state)
+            state, ended = self.run_epoch(state)
+            if ended:
+                state = self.close_epoch(state)
+
+    def run_epoch(self, state: TrainState) -> tuple[TrainState, bool]:
+        """The epoch's batches until the data or ``steps_per_epoch`` ends it (``True``) or the
+        limit is reached (``False``); resumed epochs skip the batches already seen."""
+        skip = state.time.batch_in_epoch
+        batches: Iterator[Any] | None = None
+        while state.time.step < self.limit:
+            state = self.fire(Event.BEFORE_DATALOADER, state)
+            if state.time.batch_in_epoch >= self.spe:
+                return state, True
+            if batches is None:
+                batches = iter(epoch_batches(self.data, state.time.epoch))
+                for _ in range(skip):
+                    next(batches, _END)
+            batch = next(batches, _END)
+            if batch is _END:
+                if state.time.batch_in_epoch == 0:
+                    raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
+                return state, True
+            state = self.train(state, batch)
+        return state, False
+
+    def train(self, state: TrainState, batch: Any) -> TrainState:
+        """One step, then evaluation and ``BATCH_CHECKPOINT`` when due."""
+        state = state.replace(time=state.time._replace(elapsed=state.time.step / self.total))
+        state, self.last = self.step(state, batch)
+        if self.history:
+            self.kept.append(self.last)
+        self.bar.update(1)
+        t = state.time
+        if self.log_every is not None and t.step % self.log_every == 0:
+            postfix(self.bar, state, self.last)
+        if self.eval_on is not None and _due(self.eval_on[2], "steps", t.step):
+            state = self.evaluate(state, Event.BATCH_END)
+        state = self.fire(Event.BATCH_CHECKPOINT, state)
+        final = t.step >= self.total and t.batch_in_epoch < self.spe  # the epoch stays open
+        if self.save_on is not None and (final or _due(self.save_on[1], "steps", t.step)):
+            _save(state, self.save_on[0])
+        return state
+
+    def close_epoch(self, state: TrainState) -> TrainState:
+        """``EPOCH_END``, the epoch count, evaluation, ``EPOCH_CHECKPOINT``, the iteration's
+        end, and the checkpoint after the last of these events."""
+        state = self.fire(Event.EPOCH_END, state)
+        t = state.time
+        state = state.replace(time=t._replace(epoch=t.epoch + 1, batch_in_epoch=0))
+        epoch, done = t.epoch + 1, t.step >= self.total
+        if self.eval_on is not None and _due(self.eval_on[2], "epochs", epoch):
+            state = self.evaluate(state, Event.EPOCH_END)
+        state = self.fire(Event.EPOCH_CHECKPOINT, state)
+        k = self.iteration_epochs
+        if done or (k is not None and epoch % k == 0):
+            state = self.fire(Event.ITERATION_END, state)
+            state = self.fire(Event.ITERATION_CHECKPOINT, state)
+        if self.save_on is not None and (done or _due(self.save_on[1], "epochs", epoch)):
+            _save(state, self.save_on[0])
+        return state
+
+    def evaluate(self, state: TrainState, after: Event) -> TrainState:
+        """One evaluation (following the training event ``after``), recorded."""
+        assert self.eval_on is not None
+        data, eval_fn, _ = self.eval_on
+        state, metrics = evaluate(self.step, state, data, eval_fn)
+        t = state.time
+        self.evaluations.append(Evaluation(t.step, t.epoch, after, metrics))
+        return state
+
+    def evaluated_at_end(self, state: TrainState) -> bool:
+        """Whether the schedule evaluated the final state already (at its last step or epoch)."""
+        assert self.eval_on is not None
+        t, (unit, n) = state.time, self.eval_on[2]
+        if unit == "steps":
+            return t.step % n == 0
+        return t.batch_in_epoch == 0 and t.epoch % n == 0
+
+
+def _due(interval: tuple[str, int], unit: str, count: int) -> bool:
+    return interval[0] == unit and count % interval[1] == 0
+
+
+def _save(state: TrainState, path: str) -> None:
+    target = path.format(step=state.time.step, epoch=state.time.epoch)
+    folder = os.path.dirname(target)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    ckpt.save(state, target)
+
+
+def load(step: TrainStep, state: TrainState, path: str | os.PathLike[str] | None) -> TrainState:
+    """``BEFORE_LOAD``, then ``path`` loaded into ``state``'s structure (when given), then
+    ``AFTER_LOAD``."""
+    state = step.fire(Event.BEFORE_LOAD, state)[0]
+    if path is not None:
+        state = ckpt.load(path, like=state)
+    return step.fire(Event.AFTER_LOAD, state)[0]
+
+
+def postfix(bar: Any, state: TrainState, metrics: StepMetrics) -> None:
+    """Show the step's loss (a host sync) and the sample counts on the progress bar."""
+    bar.set_postfix(
+        loss=f"{float(metrics.loss):.4f}",
+        fwd=state.time.samples_forwarded,
+        bwd=state.time.samples_backpropagated,
+    )
