@@ -3,9 +3,9 @@ kill-and-resume test (the pattern docs/how-to/failures.md recommends):
 
     python -m tests.step.kill_resume_job FOLDER EVERY NUM_THREADS [SLOW_SAVE_AT]
 
-resumes from ``FOLDER/last.pt`` when it exists (else starts fresh), runs ``sbfunc.fit`` in
-chunks of ``EVERY`` steps with ``stop_after``, saves ``FOLDER/last.pt`` atomically after each
-chunk and prints ``saved <step>``; at the end it saves ``FOLDER/final.pt`` and prints ``done``.
+resumes from ``FOLDER/last.pt`` when it exists (else starts fresh) and runs ``sbfunc.fit``
+with ``checkpoint=FOLDER/last.pt, save_every=Duration(steps=EVERY)``, printing ``saved <step>``
+after each (atomic) save; at the end it saves ``FOLDER/final.pt`` and prints ``done``.
 With ``SLOW_SAVE_AT`` the save of that step prints ``writing <step>`` once its temporary file
 is written, then sleeps before the rename, so the test can kill it during the save.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -25,43 +26,50 @@ TOTAL = resume_job.EPOCHS * resume_job.N // resume_job.BATCH
 
 
 def train(folder: str, every: int, slow_save_at: int | None = None) -> sbfunc.TrainState:
-    """Run (or resume) the job to the end, checkpointing every ``every`` steps."""
+    """Run (or resume from ``folder/last.pt``) the job to the end with ``fit``'s own
+    checkpoints every ``every`` steps; print ``saved <step>`` after each save."""
     step, state, data = resume_job.build()
     last = os.path.join(folder, "last.pt")
-    if os.path.exists(last):
-        state = sbfunc.checkpoint.load(last, like=state)
-    while state.time.step < TOTAL:
-        state = sbfunc.fit(
+    save = sbfunc.checkpoint.save
+
+    def save_and_report(tree: sbfunc.TrainState, path: str) -> None:
+        if tree.time.step == slow_save_at:
+            _slow_save(save, tree, path)
+        else:
+            save(tree, path)
+        print(f"saved {tree.time.step}", flush=True)
+
+    sbfunc.checkpoint.save = save_and_report  # type: ignore[assignment]
+    try:
+        return sbfunc.fit(
             step,
             state,
             data,
             epochs=resume_job.EPOCHS,
             steps_per_epoch=resume_job.N // resume_job.BATCH,
             progress=False,
-            stop_after=min(state.time.step + every, TOTAL),
             history=False,
+            checkpoint=last,
+            save_every=sbfunc.Duration(steps=every),
+            load_from=last if os.path.exists(last) else None,
         ).state
-        if state.time.step == slow_save_at:
-            _slow_save(state, last)
-        else:
-            sbfunc.checkpoint.save(state, last)
-        print(f"saved {state.time.step}", flush=True)
-    return state
+    finally:
+        sbfunc.checkpoint.save = save  # type: ignore[assignment]
 
 
-def _slow_save(state: sbfunc.TrainState, path: str) -> None:
-    """``checkpoint.save`` that stops between writing the temporary file and renaming it."""
+def _slow_save(save: Any, state: sbfunc.TrainState, path: str) -> None:
+    """``save`` that stops between writing the temporary file and renaming it."""
     write = torch.save
 
-    def write_then_wait(obj: object, f: object) -> None:
+    def write_then_wait(obj: object, f: Any) -> None:
         write(obj, f)
-        f.flush()  # type: ignore[attr-defined]
+        f.flush()
         print(f"writing {state.time.step}", flush=True)
         time.sleep(60)  # killed here
 
-    torch.save = write_then_wait
+    torch.save = write_then_wait  # type: ignore[assignment]
     try:
-        sbfunc.checkpoint.save(state, path)
+        save(state, path)
     finally:
         torch.save = write
 
