@@ -1,15 +1,10 @@
 """Step: the pure training step and the loop helper."""
 
+from sbfunc.step.build import make_train_step
 from sbfunc.step.evaluation import Evaluation, evaluate
 from sbfunc.step.gradients import weighted_mean
 from sbfunc.step.loop import Duration, FitResult, fit
-from sbfunc.step.train_step import (
-    BATCH_EVENTS,
-    StepMetrics,
-    StepPlan,
-    TrainStep,
-    make_train_step,
-)
+from sbfunc.step.train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
 
 __all__ = [
     "BATCH_EVENTS",

@@ -84,7 +84,7 @@ def local_policy(policy: Policy, world: int) -> Policy:
     """One process's stand-in for a local scope over a policy: the ranks' parts replayed in
     rank order, each with ``fold_in(key, rank)``."""
 
-    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0):
+    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None):
         n, parts = scores.shape[0] // world, []
         for r in range(world):
             part = slice(r * n, (r + 1) * n)
@@ -95,6 +95,7 @@ def local_policy(policy: Policy, world: int) -> Policy:
                 ids=None if ids is None else ids[part],
                 epoch=epoch,
                 elapsed=elapsed,
+                scored=None if scored is None else scored[part],
             )
             parts.append(sel)
         return _concat(parts, n), state

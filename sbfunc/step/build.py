@@ -1,0 +1,134 @@
+"""``make_train_step``: check the pieces of a training step and build its :class:`TrainStep`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sbfunc.batch import PerSample, check_per_sample, check_same_spec
+from sbfunc.engine import Algorithm
+from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
+from sbfunc.module import LossFn, ModuleLoss, draws_randomness
+from sbfunc.optim import Optimizer
+from sbfunc.step.microbatch import microbatching
+from sbfunc.step.train_step import NonFinite, TrainStep
+
+__all__ = ["make_train_step"]
+
+
+def make_train_step(
+    loss_fn: LossFn,
+    optimizer: Optimizer,
+    algorithms: Sequence[Algorithm] = (),
+    passes: Sequence[Pass] = DEFAULT_PASSES,
+    *,
+    nonfinite: NonFinite = "skip",
+    keyed_model: bool | None = None,
+    microbatches: int | None = None,
+    microbatch_size: int | None = None,
+    per_sample: PerSample = None,
+) -> TrainStep:
+    """Build a pure training step ``step(state, batch) -> (state, metrics)``.
+
+    ``state = step.init(params, buffers, key=key)`` builds the whole initial
+    :class:`~sbfunc.TrainState` (optimizer and algorithm states included). One call fires the
+    per-batch events :data:`BATCH_EVENTS` in Composer's order and, between them:
+
+    * after ``BEFORE_FORWARD``: the forward (``state.outputs`` is set for ``AFTER_FORWARD``
+      when ``loss_fn`` is a :class:`sbfunc.ModuleLoss`), then ``AFTER_FORWARD`` and
+      ``BEFORE_LOSS``, then the per-sample losses of ``state.batch`` (so targets changed on
+      ``BEFORE_LOSS`` count) and their weighted mean with ``state.sample_weights``
+      (:func:`weighted_mean`), differentiated in one pass;
+    * ``AFTER_LOSS`` sees ``loss`` and the per-sample ``losses``; ``AFTER_BACKWARD`` sees
+      ``grads`` (and may change them);
+    * then the optimizer update ``optimizer.update(grads, opt_state, params)``.
+
+    A batch left with **zero rows** after ``BEFORE_FORWARD`` (Selective Backprop with
+    ``refill`` queues its kept rows until a full batch is ready) makes no update: only
+    ``BATCH_END`` fires and the step counts as skipped. With ``nonfinite="skip"`` (the
+    default) an update whose loss or gradient is not finite never reaches the parameters,
+    buffers or optimizer state: it is counted in ``metrics.skipped`` and
+    ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
+    ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
+
+    **Microbatching** (gradient accumulation): with ``microbatches=k`` or ``microbatch_size=m``
+    the rows kept after ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into
+    chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
+    to the whole batch's exactly (see :mod:`sbfunc.step.microbatch`, also for BatchNorm).
+
+    Randomness inside the model (dropout) draws from the state's key, not from torch's global
+    generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
+
+    ``torch.compile(step)`` compiles it (see the module docs); the result still has ``init``
+    and ``fire`` and works with :func:`sbfunc.fit`.
+
+    Args:
+        loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., train=True)``).
+        optimizer: an :mod:`sbfunc.optim` optimizer, e.g. ``sbfunc.optim.adam(1e-3)``.
+        algorithms: the algorithms to run (see :func:`sbfunc.chain`).
+        passes: the ordering passes (default :data:`sbfunc.passes.DEFAULT_PASSES`).
+        nonfinite: ``"skip"``, ``"raise"`` or ``"allow"`` (see above).
+        keyed_model: draw the model's random operations from the state's key; ``None``
+            (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
+            dropout (or multi-head attention) layers.
+        microbatches: split the kept rows into this many chunks (``None``: no split).
+        microbatch_size: or into chunks of this many rows, the last one smaller.
+        per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
+            to count its rows; ``None`` infers them. It must be the spec of every algorithm
+            that prunes rows (``SelectiveBackprop(per_sample=...)``).
+
+    Raises:
+        TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
+        ValueError: for ``nonfinite`` out of its values, or an algorithm pruning with
+            another ``per_sample`` spec than ``per_sample``.
+
+    Example:
+        >>> model = torch.nn.Linear(4, 3)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+        >>> params, buffers = sbfunc.split_module(model, clone=True)
+        >>> state = step.init(params, buffers, key=sbfunc.random.key(0))
+        >>> state, metrics = step(state, (torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> state.time.step, metrics.samples_backpropagated
+        (1, 8)
+
+    References:
+        MosaicML Composer's training loop events; optax's ``init``/``update``; optax
+        ``apply_if_finite``; ``jax.jit(train_step)``.
+    """
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if type(optimizer).__module__.split(".")[0] == "torchopt":
+        raise TypeError(
+            "torchopt optimizers are not supported (their update returns deltas and they do not "
+            "compile); use the same optimizer from sbfunc.optim, e.g. sbfunc.optim.adam(1e-3), "
+            "whose update equals torch.optim's"
+        )
+    if not (
+        callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
+    ):
+        raise TypeError(
+            "optimizer must have init(params) and update(grads, state, params) -> "
+            f"(params, state), e.g. sbfunc.optim.adam(1e-3); got {type(optimizer).__name__}"
+        )
+    algorithms = tuple(algorithms)
+    for i, a in enumerate(algorithms):
+        if not isinstance(a, Algorithm):
+            raise TypeError(f"algorithms[{i}] must be an sbfunc.Algorithm, got {type(a).__name__}")
+    if nonfinite not in ("skip", "raise", "allow"):
+        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
+    if keyed_model is None:
+        keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
+    elif not isinstance(keyed_model, bool):
+        raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
+    check_same_spec(check_per_sample(per_sample), algorithms)
+    split = microbatching(microbatches, microbatch_size)
+    return TrainStep(
+        loss_fn,
+        optimizer,
+        algorithms,
+        tuple(passes),
+        nonfinite,
+        keyed_model,
+        split,
+        per_sample=per_sample,
+    )
