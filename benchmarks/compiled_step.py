@@ -11,8 +11,8 @@ machine, one process):
 
 and prints ``eager / loop`` (target <= 1.05) and ``loop / compiled`` (target >= 1.15 on the two
 CNNs), with the spread (min-max of the per-repeat ratios). Models: a tiny MLP (64 -> 128 -> 10)
-at batch 64, the quickstart's 1-D CNN at batch 64 and the time-to-accuracy study's 1-D CNN
-(width 32) at batch 256, on MNIST-1D-shaped inputs ``[N, 1, 40]``.
+at batch 64, the quickstart's 1-D CNN at its batch and the time-to-accuracy study's 1-D CNN
+at batch 256 (both imported from their scripts), on MNIST-1D-shaped inputs ``[N, 1, 40]``.
 
 Run: ``python benchmarks/compiled_step.py`` (``--quick`` for a smoke run).
 """
@@ -27,8 +27,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -36,33 +38,25 @@ from torch import nn
 
 import sbfunc
 
+_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(_ROOT / "benchmarks"), str(_ROOT / "examples")]
+import quickstart  # noqa: E402  (the models the issue's targets name)
+import time_to_accuracy  # noqa: E402
+
 
 def tiny_mlp() -> tuple[nn.Module, tuple[int, ...], int]:
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)), (64,), 64
 
 
 def quickstart_cnn() -> tuple[nn.Module, tuple[int, ...], int]:
-    model = nn.Sequential(
-        nn.Conv1d(1, 32, 5, padding=2), nn.ReLU(),
-        nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Conv1d(32, 32, 3, stride=2, padding=1), nn.ReLU(),
-        nn.Flatten(), nn.Linear(32 * 10, 10),
-    )  # fmt: skip
-    return model, (1, 40), 64
+    return quickstart.make_model(), (1, 40), quickstart.BATCH
 
 
 def study_cnn() -> tuple[nn.Module, tuple[int, ...], int]:
-    c = 32
-    model = nn.Sequential(
-        nn.Conv1d(1, c, 5, padding=2), nn.ReLU(),
-        nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
-        nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
-        nn.Flatten(), nn.Linear(c * 10, 10),
-    )  # fmt: skip
-    return model, (1, 40), 256
+    return time_to_accuracy.make_model(time_to_accuracy.FULL.width), (1, 40), 256
 
 
-MODELS = {"tiny MLP, b64": tiny_mlp, "quickstart CNN, b64": quickstart_cnn,
+MODELS = {"tiny MLP, b64": tiny_mlp, f"quickstart CNN, b{quickstart.BATCH}": quickstart_cnn,
           "study CNN, b256": study_cnn}  # fmt: skip
 LR = 1e-3
 
