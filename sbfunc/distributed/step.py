@@ -177,8 +177,12 @@ def make_data_parallel_step(
     traced as functional collectives.
 
     Args:
-        loss_fn, optimizer, algorithms, passes, nonfinite, keyed_model: as for
-            :func:`sbfunc.make_train_step`.
+        loss_fn: as for :func:`sbfunc.make_train_step`.
+        optimizer: as for :func:`sbfunc.make_train_step`.
+        algorithms: as for :func:`sbfunc.make_train_step`.
+        passes: as for :func:`sbfunc.make_train_step`.
+        nonfinite: as for :func:`sbfunc.make_train_step`.
+        keyed_model: as for :func:`sbfunc.make_train_step`.
         comm: the :class:`Comm` (process group and traffic meter); default ``Comm()``.
         bucket_mb: the gradient bucket size in MiB (DDP's ``bucket_cap_mb``), > 0.
         buffers: how buffers (BatchNorm statistics) agree after each step: ``"broadcast"``

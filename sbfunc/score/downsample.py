@@ -108,7 +108,10 @@ def check_downsampled_scoring(
     calls this once per input shape, on the host, before its first downsampled scoring.
 
     Args:
-        loss_fn, params, buffers, batch: the per-sample loss, its tensors and a batch.
+        loss_fn: the per-sample loss, ``loss_fn(params, buffers, batch) -> Tensor[N]``.
+        params: the parameters ``loss_fn`` takes.
+        buffers: the buffers ``loss_fn`` takes.
+        batch: a batch (its first row is tried).
         scale_factor: the spatial scale to check, in (0, 1].
         input: where the input sits in the batch.
         per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`),
