@@ -361,6 +361,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--epochs", type=int, default=None, help="override the epochs")
     parser.add_argument("--width", type=int, default=None, help="override the CNN width")
+    parser.add_argument("--noises", type=float, nargs="+", default=None, help="label noises")
     args = parser.parse_args()
     torch.set_num_threads(2)
     # the compiled steps of all methods share their code objects (one cache entry per method
@@ -371,6 +372,8 @@ def main() -> None:
     cfg = QUICK if args.quick else FULL
     if args.seeds is not None:
         cfg = replace(cfg, seeds=tuple(range(args.seeds)))
+    if args.noises is not None:
+        cfg = replace(cfg, noises=tuple(args.noises))
     for name in ("epochs", "width"):
         if getattr(args, name) is not None:
             cfg = replace(cfg, **{name: getattr(args, name)})
