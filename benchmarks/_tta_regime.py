@@ -3,28 +3,22 @@ forward cost, measured interleaved in one loop with the study's compiled steps."
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see compiled_step.py
+
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
 import sbfunc
 
-
-def _timed(fns: dict[str, Callable[[], Any]], repeats: int, inner: int) -> dict[str, list[float]]:
-    for fn in fns.values():  # warm-up (and compiles what is not compiled yet)
-        for _ in range(3):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():  # interleaved: machine noise spreads over every variant
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[k].append((time.perf_counter() - t0) / inner)
-    return times
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import interleaved
 
 
 def measure_regime(
@@ -53,7 +47,7 @@ def measure_regime(
     for m in ("rank_power", "rank_power_s0.5"):
         if m in trainers:
             fns[f"T_sb[{m}]"] = stepper(m, like, trainers[m])
-    times = _timed(fns, repeats, inner)
+    times = interleaved(fns, repeats, inner, warmup=3)
     med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     out: dict[str, Any] = {k: [round(med[k], 1), round(min(v) * 1e3, 1), round(max(v) * 1e3, 1)]
                            for k, v in times.items()}  # fmt: skip

@@ -42,6 +42,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(_ROOT / "benchmarks"), str(_ROOT / "examples")]
 import quickstart  # noqa: E402  (the models the issue's targets name)
 import time_to_accuracy  # noqa: E402
+from _timing import interleaved  # noqa: E402
 
 
 def tiny_mlp() -> tuple[nn.Module, tuple[int, ...], int]:
@@ -97,20 +98,6 @@ def runners(build: Callable[[], tuple[nn.Module, tuple[int, ...], int]]) -> tupl
     return {"loop": loop, "eager": eager, "compiled": compiled}, first
 
 
-def measure(fns: dict[str, Callable[[], None]], repeats: int, inner: int) -> dict[str, list]:
-    for fn in fns.values():  # warm-up
-        for _ in range(10):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():  # interleaved: machine noise spreads over every variant
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[k].append((time.perf_counter() - t0) / inner)
-    return times
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats (smoke run)")
@@ -126,7 +113,7 @@ def main() -> None:
     print("-" * len(header))
     for name, build in MODELS.items():
         fns, first = runners(build)
-        t = measure(fns, repeats, inner)
+        t = interleaved(fns, repeats, inner)
         med = {k: statistics.median(v) for k, v in t.items()}
         tax = [e / lo for e, lo in zip(t["eager"], t["loop"], strict=True)]
         gain = [lo / c for lo, c in zip(t["loop"], t["compiled"], strict=True)]

@@ -26,6 +26,11 @@ seconds).
 
 from __future__ import annotations
 
+import os
+
+# A shared machine: busy-waiting OpenMP threads stall whenever another process holds a core.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import time
 import warnings

@@ -156,7 +156,10 @@ def digest(fmt: str, structure: str, nodes: list[Any], leaves: list[Any]) -> str
 
 
 def _tensor_bytes(t: torch.Tensor) -> memoryview:
-    """The elements' bytes in row-major order (a host copy only when not contiguous on CPU)."""
+    """The elements' bytes in row-major order (a host copy only when not contiguous on CPU).
+
+    A device-to-host copy by design: checkpoints are written and digested on the host, once
+    per save, never inside a training step."""
     t = t.detach()
     if t.layout != torch.strided:
         t = t.to_dense()
