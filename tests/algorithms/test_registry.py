@@ -11,7 +11,6 @@ step-2 file must end in exactly the state of the uninterrupted run.
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import optree
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +19,7 @@ from torch import nn
 import sbfunc
 from sbfunc import algorithms as A
 from sbfunc import random as sbrandom
+from tests.helpers import assert_identical
 
 N, H, CLASSES, VOCAB, LENGTH = 8, 16, 3, 12, 8
 
@@ -172,17 +172,6 @@ CASES = {
 }
 
 
-def _identical(a, b):
-    la, sa = optree.tree_flatten(a, none_is_leaf=True)
-    lb, sb = optree.tree_flatten(b, none_is_leaf=True)
-    assert sa == sb
-    for x, y in zip(la, lb, strict=True):
-        if torch.is_tensor(x):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
     case = CASES[name]
@@ -211,7 +200,7 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
     for alg in extra:  # each one ran inside the steps (ChannelsLast on INIT, BlurPool never)
         assert isinstance(alg, A.ChannelsLast | A.BlurPool) or alg.name in traced
     resumed = sbfunc.fit(step, fresh, data, load_from=tmp_path / "s2.pt", **run).state
-    _identical(resumed, whole.state)
+    assert_identical(resumed, whole.state)
 
 
 def test_every_algorithm_of_the_suite_has_a_case():

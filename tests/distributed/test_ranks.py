@@ -10,6 +10,7 @@ import torch
 
 from sbfunc import distributed as sbdist
 from tests.distributed import common, job
+from tests.helpers import assert_identical
 
 TIMEOUT_S = 300  # the checks take seconds; this only stops a hung run
 
@@ -32,17 +33,6 @@ def _assert_close(a, b):
             assert x == y
 
 
-def _assert_identical(a, b):
-    assert optree.tree_structure(a, none_is_leaf=True) == optree.tree_structure(
-        b, none_is_leaf=True
-    )
-    for x, y in zip(_leaves(a), _leaves(b), strict=True):
-        if isinstance(x, torch.Tensor):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
-
-
 @pytest.mark.parametrize("name", sorted(common.SCENARIOS))
 def test_two_ranks_equal_one_process_on_the_concatenated_batch(ranks, name):
     """Global: one selection over the global batch; local: each rank's own selection (the
@@ -61,9 +51,9 @@ def test_two_ranks_equal_one_process_on_the_concatenated_batch(ranks, name):
 def test_state_is_identical_on_every_rank(ranks, name):
     first, second = (r["scenarios"][name] for r in ranks)
     for a, b in zip(first, second, strict=True):
-        _assert_identical(a.params, b.params)
-        _assert_identical(a.policy_state, b.policy_state)
-        _assert_identical(a.loss, b.loss)
+        assert_identical(a.params, b.params)
+        assert_identical(a.policy_state, b.policy_state)
+        assert_identical(a.loss, b.loss)
 
 
 def test_a_rank_without_kept_rows_still_takes_the_update(ranks):
@@ -99,8 +89,8 @@ def test_measured_traffic_equals_the_prediction(ranks):
 def test_resume_is_bit_for_bit_on_every_rank(ranks):
     for results in (r["resume"] for r in ranks):
         assert results["full"].time.step == results["steps"]
-        _assert_identical(results["resumed"], results["full"])
-        _assert_identical(results["loaded"], results["half"])
+        assert_identical(results["resumed"], results["full"])
+        assert_identical(results["loaded"], results["half"])
         assert results["mismatches"] == []
     queues = [r["resume"]["half"].algorithm_state[0][1].rows[0].shape[0] for r in ranks]
     times = [r["resume"]["full"].time.samples_backpropagated for r in ranks]

@@ -11,6 +11,7 @@ import sbfunc
 from sbfunc import checkpoint
 from sbfunc.engine import Clock, Event, State, Time, TrainState, chain, named_chain
 from sbfunc.testing import Toy, linear_loss, states, train_states
+from tests.helpers import assert_identical
 
 FAST = settings(max_examples=25, derandomize=True, deadline=None, database=None)
 
@@ -30,17 +31,6 @@ class Stateful(Toy):
 
 def make_step(algorithms=()):
     return sbfunc.make_train_step(linear_loss, sbfunc.optim.sgd(0.1), algorithms)
-
-
-def assert_trees_equal(a, b):
-    flat_a, spec_a = optree.tree_flatten(a, none_is_leaf=True)
-    flat_b, spec_b = optree.tree_flatten(b, none_is_leaf=True)
-    assert spec_a == spec_b
-    for x, y in zip(flat_a, flat_b, strict=True):
-        if isinstance(x, torch.Tensor):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
 
 
 def test_replace_is_functional_and_names_unknown_fields(view0, train0):
@@ -92,7 +82,7 @@ def test_init_copies_inputs_and_mirrors_the_algorithm_list():
     assert state.buffers == buffers and state.buffers is not buffers
     assert torch.equal(state.key, key) and state.time.step == 0
     assert int(state.time.updates_skipped) == 0 and state.time.updates_skipped.dtype == torch.int64
-    assert_trees_equal(state.opt_state, sbfunc.optim.sgd(0.1).init(params))
+    assert_identical(state.opt_state, sbfunc.optim.sgd(0.1).init(params))
     a, toy, (b0, b1), named, a1 = state.algorithm_state
     assert len(state.algorithm_state) == len(algs) and toy == (0,)  # INIT fired once
     assert set(named) == {"x", "y"} and named["y"] == (0,)
@@ -132,10 +122,10 @@ def test_init_validates():
 @given(states())
 def test_state_is_a_pytree(state):
     leaves, spec = optree.tree_flatten(state, none_is_leaf=True)
-    assert_trees_equal(optree.tree_unflatten(spec, leaves), state)
+    assert_identical(optree.tree_unflatten(spec, leaves), state)
     copied = optree.tree_map(lambda x: x.clone() if torch.is_tensor(x) else x, state)
     assert type(copied) is State and type(copied.time) is Time
-    assert_trees_equal(copied, state)
+    assert_identical(copied, state)
 
 
 @FAST
@@ -147,7 +137,7 @@ def test_train_state_round_trips_through_a_weights_only_checkpoint(state):
     buf.seek(0)
     loaded = checkpoint.load(buf, like=state)
     assert type(loaded) is TrainState and type(loaded.time) is Time
-    assert_trees_equal(loaded, state)
+    assert_identical(loaded, state)
 
 
 def test_a_state_between_steps_loads_against_a_fresh_init_template():
@@ -162,8 +152,8 @@ def test_a_state_between_steps_loads_against_a_fresh_init_template():
     checkpoint.save(state, buf)
     template = make_step(algs).init(params, {}, key=sbfunc.random.key(0))
     loaded = checkpoint.load(io.BytesIO(buf.getvalue()), like=template)
-    assert_trees_equal(loaded, state)
-    assert_trees_equal(step(loaded, batch)[0], step(state, batch)[0])  # continues identically
+    assert_identical(loaded, state)
+    assert_identical(step(loaded, batch)[0], step(state, batch)[0])  # continues identically
     other = make_step([Stateful(name="a")]).init(params, {}, key=sbfunc.random.key(0))
     with pytest.raises(checkpoint.CheckpointError, match="structure"):
         checkpoint.load(io.BytesIO(buf.getvalue()), like=other)

@@ -4,7 +4,6 @@ checkpoints and evaluation, in Composer's order, and resumes without losing an e
 import re
 from typing import ClassVar
 
-import optree
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
+from tests.helpers import assert_identical
 
 E = sbfunc.Event
 SPE = 3  # batches per epoch
@@ -76,17 +76,6 @@ def _metrics(loss_fn):
         return {"loss": loss_fn(params, buffers, batch).mean()}
 
     return metrics
-
-
-def _identical(a, b):
-    la, sa = optree.tree_flatten(a, none_is_leaf=True)
-    lb, sb = optree.tree_flatten(b, none_is_leaf=True)
-    assert sa == sb
-    for x, y in zip(la, lb, strict=True):
-        if torch.is_tensor(x):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
 
 
 STEP = (
@@ -204,10 +193,10 @@ def test_stopping_and_resuming_loses_no_event(duration, stop, every):
     assert resumed_log[n : n + 3] == ["BEFORE_LOAD", "AFTER_LOAD", "FIT_START"]
     del resumed_log[n : n + 3]
     assert resumed_log == _log(whole.state)
-    _identical(done.state.params, whole.state.params)
+    assert_identical(done.state.params, whole.state.params)
     both = (*part.evaluations, *done.evaluations)
     assert [e[:3] for e in both] == [e[:3] for e in whole.evaluations]
-    _identical([e.metrics for e in both], [e.metrics for e in whole.evaluations])
+    assert_identical([e.metrics for e in both], [e.metrics for e in whole.evaluations])
 
 
 @pytest.mark.parametrize(
@@ -230,7 +219,7 @@ def test_checkpoints_resume_bit_for_bit(tmp_path, save_every, iteration_epochs, 
     counts, final_counts = whole.algorithm_state[0][:-1], final.algorithm_state[0][:-1]
     assert int(counts[fit_end]) == 1 and int(final_counts[fit_end]) == 0
     assert torch.equal(counts - final_counts, torch.eye(len(E), dtype=torch.int64)[fit_end])
-    _identical(final.params, whole.params)
+    assert_identical(final.params, whole.params)
     for name in names[:-1]:
         resumed = sbfunc.fit(step, fresh, data, load_from=tmp_path / name, **run).state
         ta, tb = resumed.algorithm_state[0], whole.algorithm_state[0]
@@ -239,8 +228,8 @@ def test_checkpoints_resume_bit_for_bit(tmp_path, save_every, iteration_epochs, 
         again = [list(E).index(e) for e in (E.AFTER_LOAD, E.FIT_START)]
         same = [i for i in range(len(E)) if i not in again]
         assert torch.equal(ta[same], tb[same]) and torch.equal(ta[again], tb[again] * 2)
-        _identical(resumed.params, whole.params)
-        _identical(resumed.opt_state, whole.opt_state)
+        assert_identical(resumed.params, whole.params)
+        assert_identical(resumed.opt_state, whole.opt_state)
         assert resumed.time._replace(updates_skipped=None) == whole.time._replace(
             updates_skipped=None
         )

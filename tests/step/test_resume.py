@@ -2,24 +2,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import optree
 import torch
 
 import sbfunc
+from tests.helpers import assert_identical
 from tests.step import resume_job
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _assert_identical(a, b):
-    la, sa = optree.tree_flatten(a, none_is_leaf=True)
-    lb, sb = optree.tree_flatten(b, none_is_leaf=True)
-    assert sa == sb
-    for x, y in zip(la, lb, strict=True):
-        if torch.is_tensor(x):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
 
 
 def test_resume_in_a_fresh_process_is_bit_for_bit(tmp_path):
@@ -47,4 +36,4 @@ def test_resume_in_a_fresh_process_is_bit_for_bit(tmp_path):
         check=True,
     )
     resumed = sbfunc.checkpoint.load(tmp_path / "final.pt", like=resume_job.template())
-    _assert_identical(resumed, uninterrupted)
+    assert_identical(resumed, uninterrupted)
