@@ -8,14 +8,22 @@ import optree
 import torch
 
 
+def same_leaf(a: Any, b: Any) -> bool:
+    """Tensors: same dtype, shape and bytes (so NaN payloads and signed zeros count); other
+    leaves: same type and ``==``, with NaN equal to NaN."""
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and (a.dtype, a.shape) == (b.dtype, b.shape)
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        )
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
 def assert_identical(a: Any, b: Any) -> None:
-    """Same pytree structure (``None`` a leaf), every tensor leaf equal bit for bit with the
-    same dtype, every other leaf ``==``."""
+    """Same pytree structure (``None`` a leaf) and every leaf the same bit for bit."""
     la, sa = optree.tree_flatten(a, none_is_leaf=True)
     lb, sb = optree.tree_flatten(b, none_is_leaf=True)
     assert sa == sb
     for x, y in zip(la, lb, strict=True):
-        if isinstance(x, torch.Tensor):
-            assert x.dtype == y.dtype and torch.equal(x, y)
-        else:
-            assert x == y
+        assert same_leaf(x, y), (x, y)

@@ -20,6 +20,7 @@ import sbfunc
 from sbfunc import checkpoint
 from sbfunc.checkpoint import CheckpointError
 from sbfunc.testing import states
+from tests.helpers import assert_identical
 
 SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=None)
 
@@ -58,23 +59,6 @@ TREES = st.recursive(
     ),
     max_leaves=8,
 )
-
-
-def same_leaf(a, b):
-    if isinstance(a, torch.Tensor):
-        return (
-            isinstance(b, torch.Tensor)
-            and (a.dtype, a.shape) == (b.dtype, b.shape)
-            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-        )
-    return type(a) is type(b) and (a == b or (a != a and b != b))  # nan == nan here
-
-
-def assert_identical(a, b):
-    la, sa = optree.tree_flatten(a, none_is_leaf=True)
-    lb, sb = optree.tree_flatten(b, none_is_leaf=True)
-    assert sa == sb
-    assert all(same_leaf(x, y) for x, y in zip(la, lb, strict=True))
 
 
 def template_of(tree):

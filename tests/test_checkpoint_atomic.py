@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from sbfunc import checkpoint
-from tests.test_checkpoint import STATE, assert_identical
+from tests.helpers import assert_identical
+from tests.test_checkpoint import STATE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 import sbfunc
+from tests.helpers import assert_identical
 from tests.step import kill_resume_job, resume_job
-from tests.step.test_resume import _assert_identical
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY = 4
@@ -75,7 +75,7 @@ def test_a_job_killed_anywhere_resumes_to_the_uninterrupted_state(tmp_path):
     assert job.stdout is not None
     job.stdout.close()
     resumed = sbfunc.checkpoint.load(tmp_path / "final.pt", like=resume_job.template())
-    _assert_identical(resumed, uninterrupted)
+    assert_identical(resumed, uninterrupted)
     # a killed save leaves its temporary file behind, never a broken last.pt
     leftovers = glob.glob(str(tmp_path / ".last.pt.*.tmp"))
     assert len(leftovers) <= 1 and os.path.getsize(tmp_path / "last.pt") > 0
