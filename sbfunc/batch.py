@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+import optree
 import torch
 
 from sbfunc.rows import (
@@ -41,6 +42,7 @@ __all__ = [
     "check_same_spec",
     "extract",
     "replace",
+    "strings_as_row_indices",
     "take",
 ]
 
@@ -244,6 +246,49 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
     if len(set(sizes.values())) > 1:
         raise _disagree_error(sizes)
     return cast(Batch, pruned)
+
+
+def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Batch:
+    """``batch`` with every per-sample leaf that is a sequence of strings (``str``/``bytes``,
+    what ``default_collate`` makes of a text field) replaced by its row indices, an int64
+    ``arange(N)`` on the device of the batch's first tensor; other leaves are kept as they are.
+
+    The compiled step applies it on the host before tracing (see :class:`sbfunc.TrainStep`):
+    ``torch.compile`` guards on every string of a list it traces, so a text field would
+    recompile the step on every batch, while an index tensor is pruned with the rows inside the
+    graph like any other leaf. Strings cannot enter a compiled graph anyway, and code that reads
+    them as strings fails loudly on a tensor. A batch without such a leaf is returned as is.
+
+    Example:
+        >>> from sbfunc.batch import strings_as_row_indices
+        >>> strings_as_row_indices({"x": torch.zeros(3, 1), "text": ["a", "b", "c"], "s": "tr"})
+        {'x': tensor([[0.], [0.], [0.]]), 'text': tensor([0, 1, 2]), 's': 'tr'}
+
+    References:
+        PyTorch ``default_collate`` (strings become a list per batch); the ``torch.compile``
+        guards on Python constants.
+    """
+    if per_sample is None and _flat_tensors(batch) >= 0:
+        return batch
+    found: list[bool] = []
+
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        if size is None or not _all_strings(leaf):
+            return leaf
+        found.append(True)
+        return torch.arange(size, device=_device(batch))
+
+    out = walk(batch, per_sample, visit, rebuild=True)
+    return cast(Batch, out) if found else batch
+
+
+def _all_strings(leaf: Any) -> bool:
+    return isinstance(leaf, list | tuple) and all(isinstance(v, str | bytes) for v in leaf)
+
+
+def _device(batch: Any) -> torch.device:
+    leaves = [x for x in optree.tree_leaves(batch) if isinstance(x, torch.Tensor)]
+    return leaves[0].device if leaves else torch.device("cpu")
 
 
 def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:

@@ -397,3 +397,32 @@ def test_empty_batches_and_sequences():
     full = {"x": torch.zeros(2, 2), "t": ["a", "b"]}
     empty = sbfunc.take(full, torch.tensor([], dtype=torch.long))
     assert empty["t"] == [] and empty["x"].shape == (0, 2) and sbfunc.batch_size(empty) == 0
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(mixed_batches(), st.data())
+def test_strings_as_row_indices_stay_aligned_with_the_rows(mb, data):
+    n, batch, per_sample, metadata = mb
+    before = copy.deepcopy(batch)
+    tagged = sbfunc.batch.strings_as_row_indices(batch)
+    idx = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=2 * n if n else 0))
+    indices = torch.tensor(idx, dtype=torch.long)
+    pruned, reference = sbfunc.take(tagged, indices), sbfunc.take(batch, indices)
+    assert sbfunc.batch_size(tagged) == n
+    for path in per_sample.values():
+        old = _at(batch, path)
+        if all(isinstance(v, str) for v in old) and not isinstance(old, torch.Tensor | np.ndarray):
+            assert torch.equal(_at(pruned, path), indices)  # the strings' rows, as indices
+        else:
+            _assert_same(_at(pruned, path), _at(reference, path))
+    for path in metadata.values():
+        assert _at(tagged, path) is _at(batch, path)
+    _assert_same(batch, before)
+
+
+def test_strings_as_row_indices_passes_string_free_batches_through():
+    batch = {"x": torch.zeros(3, 2), "ids": (1, 2, 3), "name": "train"}
+    assert sbfunc.batch.strings_as_row_indices(batch) is batch
+    spec = {"t": False}
+    kept = {"x": torch.zeros(2), "t": ["a", "b"]}  # declared metadata: not a row sequence
+    assert sbfunc.batch.strings_as_row_indices(kept, per_sample=spec) is kept

@@ -20,6 +20,7 @@ from torch.func import grad_and_value
 
 __all__ = [
     "all_finite",
+    "check_losses",
     "detach_tensors",
     "differentiate",
     "fresh_buffers",
@@ -195,3 +196,18 @@ def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
         norms = torch._foreach_norm(list(grads.values()), float("inf"))
         finite = finite & torch.isfinite(torch.stack(norms).sum())
     return finite
+
+
+def check_losses(losses: Any, n: int) -> None:
+    """Raise unless ``losses`` is a ``Tensor[n]`` (one loss per sample of the batch)."""
+    if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or losses.shape[0] != n:
+        got = (
+            f"shape {tuple(losses.shape)}"
+            if isinstance(losses, torch.Tensor)
+            else type(losses).__name__
+        )
+        raise ValueError(
+            f"loss_fn must return one loss per sample, a Tensor[{n}] for this batch of {n} "
+            f"rows; got {got}. Use sbfunc.per_sample_loss, or a criterion with "
+            "reduction='none'"
+        )

@@ -8,7 +8,8 @@ and reads no Python number that changes from step to step, so ``torch.compile`` 
 one graph per plan (``fullgraph=True`` compiles it alone). :meth:`TrainStep.finish` advances
 the host :class:`~sbfunc.Time`. ``plan`` and ``finish`` are excluded from compilation, so
 ``torch.compile(step)`` compiles the core and recompiles only when the plan changes (Selective
-Backprop on or off): a fixed, small number of graphs over a whole run.
+Backprop on or off): a fixed, small number of graphs over a whole run. Compiled, a text field
+(a list of strings) reaches the core as row indices (:func:`sbfunc.batch.strings_as_row_indices`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from torch import nn
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import PerSample, batch_size
+from sbfunc.batch import PerSample, batch_size, strings_as_row_indices
 from sbfunc.engine import (
     Algorithm,
     Clock,
@@ -43,6 +44,7 @@ from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
     all_finite,
+    check_losses,
     detach_tensors,
     differentiate,
     fresh_buffers,
@@ -74,6 +76,7 @@ _AFTER_UPDATE = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END})
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
 NonFinite = Literal["skip", "raise", "allow"]
+_untraced_strings = torch.compiler.disable(strings_as_row_indices)
 
 
 class StepMetrics(NamedTuple):
@@ -213,6 +216,7 @@ class TrainStep(nn.Module):
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
         if torch.compiler.is_compiling():  # host parts excluded from the graph
+            batch = _untraced_strings(batch, per_sample=self.per_sample)  # no string guards
             plan = torch.compiler.disable(self.plan)(state, batch)
             run, out = self.core(plan, state, batch)
             return torch.compiler.disable(self.finish)(state, run, out)
@@ -349,7 +353,7 @@ class TrainStep(nn.Module):
             else:
                 with randomness():
                     losses = loss_fn(p, b, r.batch)
-            _check_losses(losses, batch_size(r.batch, per_sample=self.per_sample))
+            check_losses(losses, batch_size(r.batch, per_sample=self.per_sample))
             # The host clock stays out of the aux: its Python numbers would become constants
             # of a compiled graph (and recompile it every step).
             return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
@@ -394,17 +398,3 @@ class TrainStep(nn.Module):
 
 def _detach(x: Any) -> Any:
     return x.detach() if isinstance(x, torch.Tensor) else detach_tensors(x)
-
-
-def _check_losses(losses: Any, n: int) -> None:
-    if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or losses.shape[0] != n:
-        got = (
-            f"shape {tuple(losses.shape)}"
-            if isinstance(losses, torch.Tensor)
-            else type(losses).__name__
-        )
-        raise ValueError(
-            f"loss_fn must return one loss per sample, a Tensor[{n}] for this batch of {n} "
-            f"rows; got {got}. Use sbfunc.per_sample_loss, or a criterion with "
-            "reduction='none'"
-        )
