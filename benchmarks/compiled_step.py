@@ -14,7 +14,8 @@ CNNs), with the spread (min-max of the per-repeat ratios). Models: a tiny MLP (6
 at batch 64, the quickstart's 1-D CNN at its batch and the time-to-accuracy study's 1-D CNN
 at batch 256 (both imported from their scripts), on MNIST-1D-shaped inputs ``[N, 1, 40]``.
 
-Run: ``python benchmarks/compiled_step.py`` (``--quick`` for a smoke run).
+Run: ``python benchmarks/compiled_step.py`` (``--quick`` for a smoke run; ``--threads 1
+--models "tiny MLP, b64"`` shows the tiny MLP without OpenMP's thread wake-ups).
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ def runners(build: Callable[[], tuple[nn.Module, tuple[int, ...], int]]) -> tupl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats (smoke run)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     repeats, inner = (3, 5) if args.quick else (15, 30)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {repeats} repeats")
     header = (
@@ -112,6 +117,8 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     for name, build in MODELS.items():
+        if name not in args.models:
+            continue
         fns, first = runners(build)
         t = interleaved(fns, repeats, inner)
         med = {k: statistics.median(v) for k, v in t.items()}
