@@ -13,7 +13,9 @@ Measures, in one run and on the same machine:
   name and the event, and a trace). Regimes: *dense* (all 10 match every event: 110 matches,
   55 passes and 110 applies per step, the worst case), *sparse* (each algorithm matches one
   event, like real tricks: SB on AFTER_DATALOADER, MixUp on BEFORE_FORWARD, ...) and *idle*
-  (none matches).
+  (none matches); *keyless* repeats dense and sparse with algorithms that declare
+  ``uses_key = False`` (deterministic ones: the engine then derives no key, which eagerly is a
+  Threefry block on the host per application).
 
 It prints each dispatch time as a ratio of the train step (target: <= 2%), next to the floor
 that no engine can go below: a bare Python loop that only calls every ``match`` once and the
@@ -44,6 +46,7 @@ from sbfunc.engine import (
     stream_ids,
     trace_labels,
 )
+from sbfunc.engine.run import match_view
 
 sys.path.insert(0, str(Path(__file__).parent))
 from selection import timeit
@@ -63,6 +66,12 @@ class Trivial(Algorithm):
 
     def apply(self, event, state):
         return state
+
+
+class Keyless(Trivial):
+    """A :class:`Trivial` that declares it draws nothing: the engine derives no key for it."""
+
+    uses_key = False
 
 
 def main() -> None:
@@ -98,6 +107,10 @@ def main() -> None:
         ],
         "idle (no match)": [Trivial(frozenset(), f"t{i}") for i in range(10)],
         "dense, one shared name": [Trivial(frozenset(BATCH_EVENTS), "t") for _ in range(10)],
+        "dense, keyless": [Keyless(frozenset(BATCH_EVENTS), f"t{i}") for i in range(10)],
+        "sparse, keyless": [
+            Keyless(frozenset({BATCH_EVENTS[i % len(BATCH_EVENTS)]}), f"t{i}") for i in range(10)
+        ],
     }
     print(f"tiny MLP train step (grad + SGD, batch 64): {step_s * 1e6:8.1f} us")
     print(f"the same with sbfunc.make_train_step, no algorithm: {sb_step_s * 1e6:8.1f} us")
@@ -109,7 +122,8 @@ def main() -> None:
 
         def dispatch(algs=algs, state=state, labels=labels, streams=streams):
             run = Run.start(state, (x, y), Clock.of(state.time))
-            plan = [plan_event(e, run, algs) for e in BATCH_EVENTS]
+            views = [match_view(run, i, run.time) for i in range(len(algs))]  # as the step
+            plan = [plan_event(e, run, algs, views=views) for e in BATCH_EVENTS]
             for event, planned in zip(BATCH_EVENTS, plan, strict=True):
                 if planned:
                     run = apply_planned(event, planned, run, algs, labels, streams)

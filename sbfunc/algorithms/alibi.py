@@ -348,6 +348,7 @@ class Alibi(Algorithm, Surgery):
         Press et al. 2022; MosaicML Composer ``Alibi``.
     """
 
+    uses_key = False  # deterministic: the engine derives no key for it
     changes_sequence_length = True
 
     def __init__(

@@ -221,6 +221,8 @@ class BlurPool(Algorithm):
         Zhang 2019; MosaicML Composer ``BlurPool``.
     """
 
+    uses_key = False  # deterministic: the engine derives no key for it
+
     def __init__(
         self,
         replace_convs: bool = True,

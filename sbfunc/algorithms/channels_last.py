@@ -90,6 +90,8 @@ class ChannelsLast(Algorithm):
         PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer ``ChannelsLast``.
     """
 
+    uses_key = False  # deterministic: the engine derives no key for it
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -113,6 +113,8 @@ class LayerFreezing(Algorithm):
         Raghu et al. 2017 (SVCCA, "freeze training"); MosaicML Composer ``LayerFreezing``.
     """
 
+    uses_key = False  # deterministic: the engine derives no key for it
+
     def __init__(
         self,
         freeze_start: float = 0.5,

@@ -209,6 +209,8 @@ class SeqLengthWarmup(Algorithm):
         Li et al. 2022; MosaicML Composer ``SeqLengthWarmup``.
     """
 
+    uses_key = False  # deterministic: the engine derives no key for it
+
     changes_sequence_length = True
     """Read by :func:`sort_sequence_length_first`."""
 

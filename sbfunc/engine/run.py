@@ -189,12 +189,15 @@ def plan_event(
     algorithms: Sequence[Algorithm],
     passes: Sequence[Pass] = DEFAULT_PASSES,
     time: Time | None = None,
+    views: Sequence[State] | None = None,
 ) -> Planned:
     """Decide which algorithms run on ``event`` and in which order (host only).
 
     ``match`` is called exactly once per algorithm, in list order, on views of ``run`` with
     ``time`` (default ``run.time``); the passes then order the matched algorithms (they are not
     called when nothing matched, and the default passes not when one did: they only reorder).
+    A caller that plans several events of one run passes the views (``match_view`` of every
+    algorithm at ``time``) once for all of them.
 
     Returns:
         ``((position, decision), ...)`` in application order.
@@ -202,8 +205,10 @@ def plan_event(
     Raises:
         ValueError: if a pass returns an algorithm that did not match this event.
     """
-    t = run.time if time is None else time
-    decisions = [alg.match(event, match_view(run, i, t)) for i, alg in enumerate(algorithms)]
+    if views is None:
+        t = run.time if time is None else time
+        views = [match_view(run, i, t) for i in range(len(algorithms))]
+    decisions = [alg.match(event, v) for alg, v in zip(algorithms, views, strict=True)]
     matched = [i for i, d in enumerate(decisions) if d]
     if len(matched) <= 1 and passes is DEFAULT_PASSES:
         return tuple((i, decisions[i]) for i in matched)

@@ -40,6 +40,7 @@ from sbfunc.engine import (
     trace_labels,
 )
 from sbfunc.engine.ordering import Pass
+from sbfunc.engine.run import match_view
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim import Optimizer
 from sbfunc.step.gradients import (
@@ -243,10 +244,11 @@ class TrainStep(nn.Module):
         else:
             run = Run.start(state, batch, None)
             after = time._replace(step=time.step + 1, batch_in_epoch=time.batch_in_epoch + 1)
+            n = range(len(self.algorithms))
+            now, later = ([match_view(run, i, t) for i in n] for t in (time, after))
+            algs, passes = self.algorithms, self.passes
             events = tuple(
-                plan_event(
-                    e, run, self.algorithms, self.passes, after if e in _AFTER_UPDATE else time
-                )
+                plan_event(e, run, algs, passes, views=later if e in _AFTER_UPDATE else now)
                 for e in BATCH_EVENTS
             )
         need_clock = self.keyed_model or any(events)
