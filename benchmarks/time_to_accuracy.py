@@ -364,9 +364,9 @@ def main() -> None:
     parser.add_argument("--noises", type=float, nargs="+", default=None, help="label noises")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    # the compiled steps of all methods share their code objects (one cache entry per method
-    # and input shape: full batch, SB's kept rows, scored rows, the irreducible-loss model's
-    # batch): raise dynamo's recompile limits so none falls back to eager
+    # each TrainStep has its own code objects, but frames below the steps (graph breaks in
+    # the scoring and irreducible-loss functions) are shared by every method and shape: raise
+    # dynamo's recompile limits so none falls back to eager
     torch._dynamo.config.recompile_limit = 256
     torch._dynamo.config.accumulated_recompile_limit = 4096
     cfg = QUICK if args.quick else FULL

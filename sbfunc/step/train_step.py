@@ -15,6 +15,7 @@ Backprop on or off): a fixed, small number of graphs over a whole run. Compiled,
 from __future__ import annotations
 
 import contextlib
+import types
 import zlib
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
@@ -172,6 +173,15 @@ class TrainStep(nn.Module):
         self.keyed_model = keyed_model
         self.labels = trace_labels(self.algorithms)
         self.streams = stream_ids([a.name for a in self.algorithms])
+        # torch.compile caches graphs per code object: this step's own copies of the traced
+        # methods keep several compiled steps in one process out of each other's cache entries
+        # (otherwise every call checks the guards of every step's entries).
+        for name in ("forward", "core"):
+            fn = getattr(type(self), name)
+            own = types.FunctionType(
+                fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__
+            )
+            setattr(self, name, types.MethodType(own, self))
 
     def init(self, params: Params, buffers: Params, *, key: torch.Tensor) -> TrainState:
         """The initial :class:`~sbfunc.TrainState`: the optimizer's and every algorithm's

@@ -318,3 +318,17 @@ def test_torchopt_optimizers_are_refused_with_advice():
     loss_fn = sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy)
     with pytest.raises(TypeError, match=r"sbfunc\.optim\.adam"):
         sbfunc.make_train_step(loss_fn, torchopt.adam(1e-3))
+
+
+def test_each_step_has_its_own_traced_code():
+    # torch.compile caches per code object: separate code keeps compiled steps' caches apart
+    net = torch.nn.Linear(2, 2)
+    loss_fn = sbfunc.per_sample_loss(net, torch.nn.functional.cross_entropy)
+    a = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    b = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    for name in ("forward", "core"):
+        code_a, code_b = getattr(a, name).__code__, getattr(b, name).__code__
+        assert code_a is not code_b and code_a == code_b  # same program, distinct objects
+    state = a.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(0))
+    batch = (torch.randn(4, 2), torch.tensor([0, 1, 1, 0]))
+    assert torch.equal(a(state, batch)[1].loss, b(state, batch)[1].loss)
