@@ -151,7 +151,9 @@ def differentiate(
 
 
 def detach_tensors(tree: Any) -> Any:
-    """``tree`` with every tensor leaf detached."""
+    """``tree`` with every tensor leaf detached (a bare tensor: detached directly)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach()
     return optree.tree_map(
         lambda x: x.detach() if isinstance(x, torch.Tensor) else x, tree, none_is_leaf=True
     )

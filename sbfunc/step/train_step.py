@@ -377,7 +377,7 @@ class TrainStep(nn.Module):
         )
         # Eagerly the aux may carry autograd history: the outputs always, anything else only
         # when algorithms ran inside the objective (buffers update under no_grad).
-        run = detach_tensors(run) if inside else run._replace(outputs=_detach(run.outputs))
+        run = detach_tensors(run) if inside else run._replace(outputs=detach_tensors(run.outputs))
         run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
         if not staged:
             run = run._replace(outputs=None)
@@ -406,7 +406,3 @@ class TrainStep(nn.Module):
             out.loss, out.samples_in_batch, out.samples_backpropagated, out.skipped, run.traces
         )
         return run.persistent(time), metrics
-
-
-def _detach(x: Any) -> Any:
-    return x.detach() if isinstance(x, torch.Tensor) else detach_tensors(x)
