@@ -1,4 +1,7 @@
-"""Interleaved timing shared by the benchmarks: A B C A B C ..., per-call seconds per round."""
+"""Interleaved timing shared by the benchmarks: A B C A B C ..., per-call seconds per round.
+
+This module imports no torch: each timed script sets ``OMP_WAIT_POLICY=PASSIVE`` itself before
+its first ``import torch`` (setting it here would come too late)."""
 
 from __future__ import annotations
 

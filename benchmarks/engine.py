@@ -26,6 +26,11 @@ Run: ``python benchmarks/engine.py`` (add ``--quick`` for a smoke run).
 
 from __future__ import annotations
 
+import os
+
+# before torch: on a shared 2-core machine busy-waiting OpenMP threads stall (compiled_step.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import sys
 from pathlib import Path

@@ -24,12 +24,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # a shared 2-core machine: 
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _timing import interleaved  # benchmarks/ is the script's folder
 from torch import nn
 
 import sbfunc
@@ -80,7 +80,8 @@ def agreement(data: sbfunc.datasets.Split, epochs: int) -> None:
         low = sbfunc.score_losses(
             score_fn, state.params, state.buffers, batch, dtype=torch.bfloat16
         )
-        top_full, top_low = torch.topk(full, 512).indices, torch.topk(low, 512).indices
+        half = full.shape[0] // 2  # 512, fewer with --quick's smaller test split
+        top_full, top_low = torch.topk(full, half).indices, torch.topk(low, half).indices
         rp_full = sbfunc.rank_power(full, 0.5, key=key).indices
         rp_low = sbfunc.rank_power(low, 0.5, key=key).indices
         rp_other = sbfunc.rank_power(full, 0.5, key=sbfunc.random.fold_in(key, 1)).indices
@@ -116,16 +117,7 @@ def timing(data: sbfunc.datasets.Split, repeats: int, inner: int) -> None:
         "T_score bfloat16": scorer(dtype=torch.bfloat16),
         "T_score scale_factor=0.5": scorer(scale_factor=0.5),
     }
-    for fn in fns.values():
-        for _ in range(5):
-            fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times[k].append((time.perf_counter() - t0) / inner)
+    times = interleaved(fns, repeats, inner, warmup=5)
     ref = times["T_full (compiled step, 256 rows)"]
     threads = torch.get_num_threads()
     print(f"\npart 2: costs, medians of {repeats} interleaved repeats ({threads} threads)")

@@ -12,6 +12,11 @@ Run: ``python benchmarks/selection.py`` (add ``--quick`` for a smoke run).
 
 from __future__ import annotations
 
+import os
+
+# before torch: on a shared 2-core machine busy-waiting OpenMP threads stall (compiled_step.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import statistics
 import time
@@ -20,6 +25,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _timing import interleaved  # benchmarks/ is the script's folder
 from torch import nn
 
 import sbfunc
@@ -38,18 +44,10 @@ def timeit(fn: Callable[[], object], repeats: int, inner: int = 1) -> float:
     return statistics.median(rounds)
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int, inner: int) -> dict:
-    """Time several functions round-robin so machine noise hits them alike."""
-    for fn in fns.values():
-        fn()
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in samples.items()}
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, inner: int) -> dict:
+    """Median seconds per call of each function, timed round-robin (``_timing.interleaved``)."""
+    times = interleaved(fns, repeats, inner, warmup=1)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def composer_indices(losses: torch.Tensor, keep: float) -> torch.Tensor:
@@ -142,7 +140,7 @@ def main() -> None:
         losses = score(scale)
         return train_step(sbfunc_select(x, y, losses, keep, key))
 
-    t = interleaved(
+    t = interleaved_medians(
         {
             name: synced(fn, dev)
             for name, fn in {
@@ -174,7 +172,7 @@ def main() -> None:
                 xs, ys, losses, keep, key
             ),
         }
-        r = interleaved({k: synced(f, dev) for k, f in fns.items()}, repeats=reps, inner=5)
+        r = interleaved_medians({k: synced(f, dev) for k, f in fns.items()}, repeats=reps, inner=5)
         for what, a, b in (
             ("indices", "composer idx", "sbfunc idx"),
             ("+ gather", "composer+gather", "sbfunc+gather"),

@@ -237,7 +237,7 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
         if size != next(iter(sizes.values())):
             return leaf  # reported below, with every leaf's size
         if not host and not isinstance(leaf, torch.Tensor):
-            host.append(indices.tolist())
+            host.append(indices.tolist())  # the documented sync: only for non-tensor leaves
         return _take_rows(leaf, indices, host[0] if host else [])
 
     pruned = walk(batch, per_sample, visit, rebuild=True)
@@ -271,12 +271,13 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
     if per_sample is None and _flat_tensors(batch) >= 0:
         return batch
     found: list[bool] = []
+    device = _device(batch)
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
         if size is None or not _all_strings(leaf):
             return leaf
         found.append(True)
-        return torch.arange(size, device=_device(batch))
+        return torch.arange(size, device=device)
 
     out = walk(batch, per_sample, visit, rebuild=True)
     return cast(Batch, out) if found else batch
