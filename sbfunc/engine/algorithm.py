@@ -114,5 +114,24 @@ class Algorithm(ABC):
     def apply(self, event: Event, state: State) -> ApplyResult:
         """Return the new state, or ``(new_state, exit_code)``; never mutate ``state``."""
 
+    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        """This algorithm set up for a training step with ``loss_fn`` and ``per_sample``.
+
+        :func:`sbfunc.make_train_step` calls it on every algorithm when it builds the step, so
+        the loss and the per-sample spec are given once, to the step: an algorithm that needs
+        them (Selective Backprop scores with the step's loss) returns a copy that uses them.
+        The default returns ``self``; combinators bind their parts.
+
+        Args:
+            loss_fn: the step's per-sample training loss.
+            per_sample: the step's per-sample spec (:data:`sbfunc.batch.PerSample`).
+
+        Example:
+            >>> alg = sbfunc.LabelSmoothing(num_classes=3)
+            >>> alg.bind(loss_fn=None, per_sample=None) is alg
+            True
+        """
+        return self
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

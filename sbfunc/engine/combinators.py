@@ -92,6 +92,10 @@ class _Chain(Algorithm):
         )
         return state if code is None else (state, code)
 
+    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        parts = tuple(p.bind(loss_fn=loss_fn, per_sample=per_sample) for p in self.parts)
+        return _Chain(parts, self.name, self.names)
+
     def __repr__(self) -> str:
         parts = self.parts if self.names is None else zip(self.names, self.parts, strict=True)
         return f"chain({', '.join(map(repr, parts))}, name={self.name!r})"
@@ -192,6 +196,11 @@ class _Gated(Algorithm):
 
     def apply(self, event: Event, state: State) -> ApplyResult:
         return self.part.apply(event, state)
+
+    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        bound = _Gated(self.part.bind(loss_fn=loss_fn, per_sample=per_sample), self.gate, "")
+        bound.description, bound.name = self.description, self.name
+        return bound
 
     def __repr__(self) -> str:
         return f"{self.description[:-1]}, part={self.part!r})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -44,12 +45,21 @@ class _Injected(Algorithm):
         alg = self.factory(**values)
         if not isinstance(alg, Algorithm):
             raise TypeError(f"factory must return an sbfunc Algorithm, got {alg!r}")
+        bound = self.__dict__.get("_bound")
+        if bound is not None:
+            alg = alg.bind(**bound)
         self.__dict__["_cache"] = (values, alg)
         return alg
 
     def _current(self, state: State) -> tuple[dict[str, Any], Algorithm]:
         values = self._values(state.time.elapsed, state.own[0])
         return values, self._build(values)
+
+    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        bound = copy.copy(self)
+        bound.__dict__.pop("_cache", None)
+        bound.__dict__["_bound"] = {"loss_fn": loss_fn, "per_sample": per_sample}
+        return bound
 
     def init(self, key: Any) -> Any:
         values = self._values(0.0, self.initial)
