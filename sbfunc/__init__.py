@@ -90,6 +90,7 @@ from sbfunc.module import (
     reduce_per_sample,
     split_module,
 )
+from sbfunc.module_eval import EvalOutputs, eval_outputs, predict
 from sbfunc.score import score_losses
 from sbfunc.select import (
     Selection,
@@ -131,6 +132,7 @@ __all__ = [
     "CutMix",
     "CutOut",
     "Duration",
+    "EvalOutputs",
     "Event",
     "FitResult",
     "GhostBatchNorm",
@@ -173,6 +175,7 @@ __all__ = [
     "datasets",
     "during",
     "engine",
+    "eval_outputs",
     "every_n_steps",
     "extract",
     "fit",
@@ -188,6 +191,7 @@ __all__ = [
     "per_sample",
     "per_sample_loss",
     "policies",
+    "predict",
     "randaugment_image",
     "random",
     "random_subset",

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
 from sbfunc.batch import Field, extract
+from sbfunc.module_checks import check_loss_fn, check_target, target_kind
 from sbfunc.module_io import (
     Inputs,
     Output,
     check_inputs,
     check_output,
+    draws_randomness,
+    mode_dependent,
     module_mode,
     read_inputs,
     select_output,
@@ -33,6 +36,8 @@ __all__ = [
     "ModuleLoss",
     "Output",
     "Params",
+    "Train",
+    "check_loss_fn",
     "draws_randomness",
     "mode_dependent",
     "per_sample_loss",
@@ -41,6 +46,10 @@ __all__ = [
 ]
 
 Params = dict[str, torch.Tensor]
+
+Train = bool | None | Literal["auto"]
+"""The module mode of a :class:`ModuleLoss`: ``True`` (train), ``False`` (eval), ``None`` (the
+module's own mode at call time) or ``"auto"`` (eval when called, train in the training step)."""
 
 
 class LossFn(Protocol):
@@ -148,7 +157,7 @@ def per_sample_loss(
     input: Inputs = 0,
     target: Field = 1,
     output: Output = None,
-    train: bool | None = False,
+    train: Train = "auto",
 ) -> ModuleLoss:
     """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
 
@@ -169,13 +178,22 @@ def per_sample_loss(
     lists its fields.
 
     **Train or eval mode.** Dropout and BatchNorm make the loss depend on the module's mode.
-    ``train=False`` (the default) evaluates the module in eval mode: scores are deterministic,
-    independent of the other samples in the batch, and scoring never writes BatchNorm running
-    statistics (Composer scores in train mode, so its dropout adds noise to the ranking and a
-    downsampled scoring pass pollutes the running statistics). For the training loss itself
-    build a second function with ``train=True``. ``train=None`` uses the module's mode at call
-    time. The mode is set for the duration of the call and every submodule's own mode is
+    ``train="auto"`` (the default) is one function for both uses: called directly (scoring,
+    per-sample quantities, evaluation) it runs the module in eval mode, exactly as
+    ``train=False`` does, so scores are deterministic, independent of the other samples in the
+    batch, and never write BatchNorm running statistics (Composer scores in train mode, so its
+    dropout adds noise to the ranking and a downsampled scoring pass pollutes the running
+    statistics); the training step trains it in train mode (``with_train(True)``).
+    ``train=True``/``False`` fix the mode everywhere; ``train=None`` uses the module's mode at
+    call time. The mode is set for the duration of the call and every submodule's own mode is
     restored afterwards.
+
+    **Checked early.** The criterion's target is checked on every call from its dtype and
+    shape only (no host sync): a float target of shape ``[N]`` for cross-entropy or NLL raises
+    ``TypeError`` naming ``.long()`` and the ``[N, C]`` probability form, an integer target
+    for binary cross-entropy or KL divergence names ``.float()``. With ``output=None`` a module
+    that returns a tuple, mapping or dataclass is refused, naming the ``output=`` that reads
+    the logits (``output=0`` for a tuple).
 
     Args:
         module: the model; its own tensors are used only for names missing from the dicts.
@@ -189,7 +207,7 @@ def per_sample_loss(
         target: where the target sits: an int, a str or a callable, as a single ``input``.
         output: how to read the logits from the module's result (:data:`Output`): ``None``,
             an attribute name or mapping key, an int index, or a callable.
-        train: the module mode during the call (see above).
+        train: the module mode during the call (:data:`Train`, see above).
 
     Returns:
         A :class:`ModuleLoss`: a :class:`LossFn` that also exposes ``forward`` and
@@ -198,8 +216,9 @@ def per_sample_loss(
     Raises:
         TypeError: if ``module`` is not an ``nn.Module``, ``criterion`` is not callable, or
             ``input``/``output``/``train`` have another form. Calls raise ``KeyError`` or
-            ``IndexError`` for a field missing from the batch (naming the available ones), and
-            ``TypeError``/``KeyError`` for an output that is not tensors or lacks ``output``.
+            ``IndexError`` for a field missing from the batch (naming the available ones),
+            ``TypeError``/``KeyError`` for an output that is not tensors or lacks ``output``,
+            and ``TypeError`` for a target of the wrong dtype (see above).
         ValueError: if an ``nn.Module`` criterion reduces the batch, or ``input`` is empty.
 
     Example:
@@ -241,52 +260,6 @@ def _has_tied_tensors(module: nn.Module) -> bool:
     return len({id(t) for _, t in params + buffers}) < len(params) + len(buffers)
 
 
-_RANDOM_LAYERS: tuple[type[nn.Module], ...] = (
-    nn.modules.dropout._DropoutNd,
-    nn.MultiheadAttention,
-)
-_MODE_LAYERS: tuple[type[nn.Module], ...] = (
-    *_RANDOM_LAYERS,
-    nn.modules.batchnorm._BatchNorm,
-    nn.modules.instancenorm._InstanceNorm,
-)
-
-
-def draws_randomness(module: nn.Module) -> bool:
-    """Whether ``module`` has layers that draw random numbers in training mode (dropout,
-    multi-head attention with its dropout, and any layer that declares the class attribute
-    ``random_forward = True``, such as stochastic depth's branches).
-
-    Example:
-        >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.1)))
-        True
-
-    References:
-        PyTorch ``nn.Dropout``, ``nn.MultiheadAttention``.
-    """
-    return any(
-        isinstance(m, _RANDOM_LAYERS) or getattr(m, "random_forward", False)
-        for m in module.modules()
-    )
-
-
-def mode_dependent(module: nn.Module) -> bool:
-    """Whether ``module`` computes differently in training and evaluation mode (dropout,
-    batch and instance normalization, multi-head attention): its eval-mode scores then differ
-    from its training losses. Custom layers that read ``self.training`` are not detected.
-
-    Example:
-        >>> sbfunc.module.mode_dependent(torch.nn.Linear(2, 2))
-        False
-        >>> sbfunc.module.mode_dependent(torch.nn.BatchNorm1d(2))
-        True
-
-    References:
-        PyTorch ``nn.Module.train`` / ``eval``.
-    """
-    return any(isinstance(m, _MODE_LAYERS) for m in module.modules())
-
-
 class ModuleLoss:
     """A :class:`LossFn` built from a module and a criterion, split into its two halves.
 
@@ -317,22 +290,30 @@ class ModuleLoss:
         input: Inputs = 0,
         target: Field = 1,
         output: Output = None,
-        train: bool | None = False,
+        train: Train = "auto",
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        if train is not None and not isinstance(train, bool):
-            raise TypeError(f"train must be True, False or None, got {train!r}")
+        if not (train is None or isinstance(train, bool) or train == "auto"):
+            raise TypeError(f"train must be True, False, None or 'auto', got {train!r}")
         self.module = module
         self.raw_criterion = criterion
         self._criterion = _per_element_criterion(criterion)
+        self._target_kind = target_kind(criterion)
         self.input, self.target = check_inputs(input), target
         self.output, self.train = check_output(output), train
         # functional_call unties shared tensors on every call unless told there are none.
         self._tied = _has_tied_tensors(module)
 
-    def with_train(self, train: bool | None) -> ModuleLoss:
-        """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss).
+    def with_train(self, train: Train) -> ModuleLoss:
+        """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss;
+        the training step calls ``with_train(True)`` on a ``train="auto"`` loss).
+
+        Args:
+            train: the new mode (:data:`Train`).
+
+        Returns:
+            A new :class:`ModuleLoss`; this one is unchanged.
 
         Example:
             >>> mse = torch.nn.functional.mse_loss
@@ -352,7 +333,8 @@ class ModuleLoss:
         """The logits (the module's result read by ``output``) on the batch's inputs, in this
         loss's train/eval mode."""
         args, kwargs = read_inputs(batch, self.input)
-        with module_mode(self.module, self.train) as module:
+        mode = False if self.train == "auto" else self.train
+        with module_mode(self.module, mode) as module:
             outputs = functional_call(
                 module, (params, buffers), args, kwargs, tie_weights=self._tied
             )
@@ -360,7 +342,9 @@ class ModuleLoss:
 
     def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:
         """Per-sample losses ``[N]`` of the logits ``outputs`` against the batch's target."""
-        losses = self._criterion(outputs, extract(batch, self.target, "target"))
+        target = extract(batch, self.target, "target")
+        check_target(self._target_kind, outputs, target)
+        losses = self._criterion(outputs, target)
         n = outputs.shape[0] if isinstance(outputs, torch.Tensor) and outputs.dim() > 0 else None
         return reduce_per_sample(losses, n)
 
@@ -371,5 +355,5 @@ class ModuleLoss:
         out = "" if self.output is None else f", output={self.output!r}"
         return (
             f"ModuleLoss({type(self.module).__name__}, input={self.input!r}, "
-            f"target={self.target!r}{out}, train={self.train})"
+            f"target={self.target!r}{out}, train={self.train!r})"
         )

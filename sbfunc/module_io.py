@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Union
+from typing import Any, NoReturn, Union
 
 import optree
 import torch
@@ -23,6 +23,8 @@ __all__ = [
     "Output",
     "check_inputs",
     "check_output",
+    "draws_randomness",
+    "mode_dependent",
     "module_mode",
     "read_inputs",
     "select_output",
@@ -123,6 +125,16 @@ def _describe(value: Any) -> str:
     return f"{name} with attributes {sorted(fields)}" if fields else name
 
 
+def _suggest(value: Any) -> str:
+    """The ``output=`` that most likely reads the logits from ``value``."""
+    if isinstance(value, tuple | list):
+        return "output=0 (the first element)"
+    keys = list(value) if isinstance(value, Mapping) else list(getattr(value, "__dict__", {}))
+    names = [str(k) for k in keys if not str(k).startswith("_")]
+    pick = "logits" if "logits" in names else (names[0] if names else "logits")
+    return f"output={pick!r} (an attribute or key)"
+
+
 def _check_tensors(value: Any, what: str) -> Any:
     if isinstance(value, torch.Tensor):
         return value
@@ -136,9 +148,22 @@ def _check_tensors(value: Any, what: str) -> Any:
     )
 
 
+def _refuse_structured(outputs: Any) -> NoReturn:
+    """With ``output=None`` the module must return the logits tensor itself: a tuple, list,
+    mapping or dataclass would reach the criterion whole (cross-entropy then fails on a
+    tuple)."""
+    raise TypeError(
+        f"the module's output is {_describe(outputs)}, not the logits tensor the criterion "
+        f"needs; pass {_suggest(outputs)} to per_sample_loss to read the logits (output=0 "
+        "for an index, or output=lambda out: out to give the whole result to the criterion)"
+    )
+
+
 def select_output(outputs: Any, output: Output) -> Any:
     """Read the logits from a module's result: ``outputs`` itself (``output=None``), an
-    attribute or key, an index, or ``output(outputs)``; the result must be tensors only.
+    attribute or key, an index, or ``output(outputs)``. With ``output=None`` the result must
+    be a tensor (a tuple, mapping or dataclass is refused, naming the ``output=`` that reads
+    its logits); a selection must be tensors only.
 
     Args:
         outputs: what the module returned.
@@ -150,7 +175,8 @@ def select_output(outputs: Any, output: Output) -> Any:
     Raises:
         KeyError: if the key/attribute is missing (the message lists what there is).
         IndexError: if the index is out of range.
-        TypeError: if the selection is not tensors only.
+        TypeError: if ``output=None`` and the result is not a tensor, or the selection is not
+            tensors only.
 
     Example:
         >>> from sbfunc.module import select_output
@@ -165,7 +191,9 @@ def select_output(outputs: Any, output: Output) -> Any:
         Hugging Face Transformers ``ModelOutput`` (attribute, key and index access).
     """
     if output is None:
-        return _check_tensors(outputs, "the module's output")
+        if isinstance(outputs, torch.Tensor):
+            return outputs
+        _refuse_structured(outputs)
     if callable(output):
         value = output(outputs)
     elif isinstance(output, str):
@@ -250,3 +278,49 @@ def module_mode(module: nn.Module, train: bool | None) -> Iterator[nn.Module]:
     finally:
         for m, mode in saved:
             m.training = mode
+
+
+_RANDOM_LAYERS: tuple[type[nn.Module], ...] = (
+    nn.modules.dropout._DropoutNd,
+    nn.MultiheadAttention,
+)
+_MODE_LAYERS: tuple[type[nn.Module], ...] = (
+    *_RANDOM_LAYERS,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def draws_randomness(module: nn.Module) -> bool:
+    """Whether ``module`` has layers that draw random numbers in training mode (dropout,
+    multi-head attention with its dropout, and any layer that declares the class attribute
+    ``random_forward = True``, such as stochastic depth's branches).
+
+    Example:
+        >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.1)))
+        True
+
+    References:
+        PyTorch ``nn.Dropout``, ``nn.MultiheadAttention``.
+    """
+    return any(
+        isinstance(m, _RANDOM_LAYERS) or getattr(m, "random_forward", False)
+        for m in module.modules()
+    )
+
+
+def mode_dependent(module: nn.Module) -> bool:
+    """Whether ``module`` computes differently in training and evaluation mode (dropout,
+    batch and instance normalization, multi-head attention): its eval-mode scores then differ
+    from its training losses. Custom layers that read ``self.training`` are not detected.
+
+    Example:
+        >>> sbfunc.module.mode_dependent(torch.nn.Linear(2, 2))
+        False
+        >>> sbfunc.module.mode_dependent(torch.nn.BatchNorm1d(2))
+        True
+
+    References:
+        PyTorch ``nn.Module.train`` / ``eval``.
+    """
+    return any(isinstance(m, _MODE_LAYERS) for m in module.modules())

@@ -28,7 +28,7 @@ def test_eval_mode_scores_are_deterministic_and_leave_buffers_alone():
     model = _model().train()
     params, buffers = sbfunc.split_module(model, clone=True)
     before = {k: v.clone() for k, v in buffers.items()}
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)  # train=False by default
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)  # train='auto': eval when called
     batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
     a, b = loss_fn(params, buffers, batch), loss_fn(params, buffers, batch)
     assert torch.equal(a, b) and a.shape == (16,)
@@ -80,8 +80,10 @@ def test_reducing_criterion_rejected():
         sbfunc.per_sample_loss(nn.Linear(2, 2), "ce")
     with pytest.raises(TypeError, match=r"module must be an nn\.Module"):
         sbfunc.per_sample_loss(lambda x: x, F.cross_entropy)
-    with pytest.raises(TypeError, match="train must be"):
+    with pytest.raises(TypeError, match="train must be True, False, None or 'auto'"):
         sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="yes")
+    with pytest.raises(TypeError, match="train must be"):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="Auto")
 
 
 def test_scalar_loss_rejected_at_call():
@@ -259,3 +261,29 @@ def test_mode_is_restored_per_submodule():
         params, buffers, (torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
     )
     assert [m.training for m in model] == [True, False, True, True]
+
+
+@pytest.mark.parametrize("start_mode", [True, False])
+def test_auto_is_eval_mode_when_called_and_train_mode_on_request(start_mode):
+    model = _model().train(start_mode)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    auto = sbfunc.per_sample_loss(model, F.cross_entropy)
+    assert auto.train == "auto" and "train='auto'" in repr(auto)
+    batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
+    before = {k: v.clone() for k, v in buffers.items()}
+    evaluated = sbfunc.per_sample_loss(model, F.cross_entropy, train=False)
+    assert torch.equal(auto(params, buffers, batch), evaluated(params, buffers, batch))
+    assert torch.equal(
+        auto.forward(params, buffers, batch), evaluated.forward(params, buffers, batch)
+    )
+    assert all(torch.equal(before[k], buffers[k]) for k in buffers)
+    assert model.training is start_mode
+    trained = auto.with_train(True)
+    assert trained.train is True and auto.train == "auto"
+    torch.manual_seed(0)
+    a = trained(params, buffers, batch)
+    torch.manual_seed(0)
+    b = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)(params, buffers, batch)
+    assert torch.equal(a, b)
+    assert int(buffers["1.num_batches_tracked"]) == 2  # train mode updates statistics
+    assert trained.with_train("auto").train == "auto"

@@ -9,7 +9,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.module import LossFn, ModuleLoss, Params, draws_randomness
+from sbfunc.module import LossFn, ModuleLoss, Params, check_loss_fn, draws_randomness
 from sbfunc.step.gradients import differentiate, fresh_buffers, weighted_mean
 from sbfunc.validation import check_bool, check_int, check_real
 
@@ -125,9 +125,7 @@ class SAM(Algorithm):
         self.rho = check_real(rho, "rho", low=0.0)
         self.epsilon = check_real(epsilon, "epsilon", low=0.0)
         self.interval = check_int(interval, "interval", low=1)
-        if not callable(loss_fn):
-            raise TypeError(f"loss_fn must be a per-sample loss function, got {loss_fn!r}")
-        self.loss_fn = loss_fn
+        self.loss_fn = check_loss_fn(loss_fn)
         if keyed is None:
             keyed = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
         self.keyed = check_bool(keyed, "keyed")

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from sbfunc.batch import PerSample, batch_size, check_per_sample
-from sbfunc.module import LossFn, Params
+from sbfunc.module import LossFn, Params, check_loss_fn
 from sbfunc.per_sample.engine import Stat, check_wrt, compute
 
 __all__ = [
@@ -104,15 +104,10 @@ class SquaredNorms(NamedTuple):
     per_param: Params
 
 
-def _check_loss_fn(loss_fn: LossFn) -> None:
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
-
-
 def _stats(
     loss_fn: LossFn, wrt: Sequence[str] | None, stats: tuple[Stat, ...], per_sample: PerSample
 ) -> PerSampleTransform[dict[str, Params]]:
-    _check_loss_fn(loss_fn)
+    check_loss_fn(loss_fn)
     names = check_wrt(wrt)
     check_per_sample(per_sample)
 

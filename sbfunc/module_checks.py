@@ -1,0 +1,181 @@
+"""Early checks of what a user passes as a loss: the loss function itself and its targets.
+
+A module passed where a per-sample loss is expected, or a float target given to
+cross-entropy, fails deep inside the first step with a message about positional arguments or
+dtypes. These checks refuse them where they are given (:func:`check_loss_fn`, at construction)
+or on the first batch (:func:`check_target`, from tensor metadata only: no host sync, nothing
+for ``torch.compile`` to recompile), with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sbfunc.validation import check_callable, describe
+
+__all__ = ["TargetKind", "check_loss_fn", "check_target", "target_kind"]
+
+T = TypeVar("T")
+
+TargetKind = Literal["classes", "float"] | None
+"""What a criterion needs as target: ``"classes"`` (integer class indices, or probabilities of
+the logits' shape), ``"float"`` (floating-point values) or ``None`` (not known)."""
+
+_PER_SAMPLE_FIX = (
+    "wrap the model and its criterion in a per-sample loss: "
+    "sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)"
+)
+
+
+def _positional_arity_ok(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn(params, buffers, batch)`` binds (``True`` when the signature is unknown)."""
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError:
+        return False
+    except ValueError:  # builtins without a signature
+        return True
+    return True
+
+
+def check_loss_fn(loss_fn: T, name: str = "loss_fn") -> T:
+    """Validate a per-sample loss function ``loss_fn(params, buffers, batch) -> Tensor[N]``
+    where it is given (at construction), and return it.
+
+    Refused: a non-callable; an ``nn.Module`` (a model or an ``nn.CrossEntropyLoss`` is not a
+    function of ``(params, buffers, batch)``); a criterion from ``torch.nn.functional`` (it
+    takes ``(logits, targets)``); a function whose signature cannot take three positional
+    arguments. Each message names :func:`sbfunc.per_sample_loss`, which builds the right
+    function from a model and a criterion.
+
+    Args:
+        loss_fn: the value given as the loss function.
+        name: the argument's name, for the message.
+
+    Returns:
+        ``loss_fn`` unchanged.
+
+    Raises:
+        TypeError: for any of the refused values above.
+
+    Example:
+        >>> from sbfunc.module import check_loss_fn
+        >>> check_loss_fn(torch.nn.Linear(2, 2))
+        Traceback (most recent call last):
+        ...
+        TypeError: loss_fn must be a per-sample loss function ..., got the module Linear; ...
+
+    References:
+        PyTorch ``torch.func.functional_call`` (why a loss is a function of the parameters).
+    """
+    expected = f"{name} must be a per-sample loss function (params, buffers, batch) -> Tensor[N]"
+    if isinstance(loss_fn, nn.Module):
+        raise TypeError(f"{expected}, got the module {type(loss_fn).__name__}; {_PER_SAMPLE_FIX}")
+    check_callable(loss_fn, name, fix=_PER_SAMPLE_FIX)
+    raw = getattr(loss_fn, "func", loss_fn)  # functools.partial
+    if getattr(raw, "__module__", None) == F.__name__:
+        raise TypeError(
+            f"{expected}, got the criterion {F.__name__}.{getattr(raw, '__name__', raw)} "
+            f"(a function of (logits, targets)); {_PER_SAMPLE_FIX}"
+        )
+    if not _positional_arity_ok(loss_fn):  # type: ignore[arg-type]  # callable, checked above
+        raise TypeError(
+            f"{expected}, got {describe(loss_fn)}, which cannot take the three positional "
+            f"arguments (params, buffers, batch); {_PER_SAMPLE_FIX}"
+        )
+    return loss_fn
+
+
+_CLASS_CRITERIA = (F.cross_entropy, F.nll_loss, nn.CrossEntropyLoss, nn.NLLLoss)
+_FLOAT_CRITERIA = (
+    F.binary_cross_entropy,
+    F.binary_cross_entropy_with_logits,
+    F.kl_div,
+    nn.BCELoss,
+    nn.BCEWithLogitsLoss,
+    nn.KLDivLoss,
+)
+
+
+def _is(criterion: Any, known: tuple[Any, ...]) -> bool:
+    return any(criterion is k or (isinstance(k, type) and isinstance(criterion, k)) for k in known)
+
+
+def target_kind(criterion: Callable[..., torch.Tensor]) -> TargetKind:
+    """The target a criterion needs: ``"classes"`` for cross-entropy and NLL (function,
+    module or ``functools.partial`` of them), ``"float"`` for binary cross-entropy and KL
+    divergence, ``None`` for any other criterion (its target is not checked).
+
+    Args:
+        criterion: the criterion given to :func:`sbfunc.per_sample_loss`.
+
+    Returns:
+        A :data:`TargetKind`.
+
+    Example:
+        >>> from sbfunc.module_checks import target_kind
+        >>> target_kind(torch.nn.functional.cross_entropy), target_kind(torch.nn.MSELoss())
+        ('classes', None)
+
+    References:
+        PyTorch ``torch.nn.functional`` losses and their target dtypes.
+    """
+    raw = criterion.func if isinstance(criterion, functools.partial) else criterion
+    if _is(raw, _CLASS_CRITERIA):
+        return "classes"
+    if _is(raw, _FLOAT_CRITERIA):
+        return "float"
+    return None
+
+
+def check_target(kind: TargetKind, outputs: Any, target: Any) -> None:
+    """Refuse a target the criterion cannot take, from dtypes and shapes only (no host sync;
+    under ``torch.compile`` the check runs while tracing).
+
+    * ``"classes"``: a target with one dimension fewer than the logits (class indices) must
+      be int64 (or uint8); a float target of that shape is refused, naming ``.long()`` and
+      the probability form ``[N, C]`` that cross-entropy also accepts.
+    * ``"float"``: an integer or bool target is refused, naming ``.float()``.
+
+    Args:
+        kind: the criterion's :data:`TargetKind` (``None`` checks nothing).
+        outputs: the logits.
+        target: the target read from the batch.
+
+    Raises:
+        TypeError: for a target of the wrong dtype, with the fix.
+
+    Example:
+        >>> from sbfunc.module_checks import check_target
+        >>> check_target("classes", torch.zeros(4, 3), torch.zeros(4))
+        Traceback (most recent call last):
+        ...
+        TypeError: target must be int64 class indices ...; convert it with .long(), ...
+
+    References:
+        PyTorch ``torch.nn.functional.cross_entropy`` (class indices or probabilities).
+    """
+    if kind is None or not isinstance(target, torch.Tensor):
+        return
+    if kind == "float":
+        if not (target.is_floating_point() or target.is_complex()):
+            raise TypeError(
+                "target must be floating point for this criterion, got "
+                f"{describe(target)}; convert it with .float()"
+            )
+        return
+    if not isinstance(outputs, torch.Tensor) or target.dim() != outputs.dim() - 1:
+        return  # probabilities (the logits' shape) or a shape torch reports itself
+    if target.dtype not in (torch.int64, torch.uint8):
+        raise TypeError(
+            "target must be int64 class indices for this criterion, got "
+            f"{describe(target)}; convert it with .long(), or pass class probabilities of "
+            f"the logits' shape {tuple(outputs.shape)}"
+        )
