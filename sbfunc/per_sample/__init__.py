@@ -3,10 +3,25 @@
 ``batch_grad``, ``batch_l2_grad``, ``sum_grad_squared`` and ``variance`` turn a
 :class:`~sbfunc.module.LossFn` into ``f(params, buffers, batch, *, subsampling, chunk_size)``
 (BackPACK's first-order extensions as pure functions, with sub-sampling for all four).
+
+Curvature on a subset: ``sqrt_ggn_exact`` and ``sqrt_ggn_mc`` (BackPACK's ``SqrtGGNExact`` /
+``SqrtGGNMC`` layouts), the GGN diagonal and its per-sample version (``diag_ggn_exact``,
+``diag_ggn_mc``, ``batch_diag_ggn_exact``, ``batch_diag_ggn_mc``), ``ggn_vector_product`` and
+the leading eigenpairs ``ggn_eigen`` (ViViT), for cross-entropy, MSE and binary cross-entropy
+with logits.
 """
 
+from sbfunc.per_sample.eigen import GGNEigen, ggn_eigen
 from sbfunc.per_sample.engine import check_subsampling
 from sbfunc.per_sample.fallback import VmapFallbackWarning
+from sbfunc.per_sample.ggn import (
+    batch_diag_ggn_exact,
+    batch_diag_ggn_mc,
+    diag_ggn_exact,
+    diag_ggn_mc,
+    ggn_vector_product,
+)
+from sbfunc.per_sample.sqrt_ggn import KeyedTransform, sqrt_ggn_exact, sqrt_ggn_mc
 from sbfunc.per_sample.transforms import (
     PerSampleTransform,
     SquaredNorms,
@@ -17,12 +32,22 @@ from sbfunc.per_sample.transforms import (
 )
 
 __all__ = [
+    "GGNEigen",
+    "KeyedTransform",
     "PerSampleTransform",
     "SquaredNorms",
     "VmapFallbackWarning",
+    "batch_diag_ggn_exact",
+    "batch_diag_ggn_mc",
     "batch_grad",
     "batch_l2_grad",
     "check_subsampling",
+    "diag_ggn_exact",
+    "diag_ggn_mc",
+    "ggn_eigen",
+    "ggn_vector_product",
+    "sqrt_ggn_exact",
+    "sqrt_ggn_mc",
     "sum_grad_squared",
     "variance",
 ]

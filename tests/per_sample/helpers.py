@@ -107,3 +107,69 @@ def recurrent(cell, batch_first, dtype, n=5):
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     params, buffers = sbfunc.split_module(model)
     return loss_fn, params, buffers, batch
+
+
+# --- curvature (GGN) references -------------------------------------------------------------
+
+CRITERIA = {
+    "ce": F.cross_entropy,
+    "mse": F.mse_loss,
+    "bce": F.binary_cross_entropy_with_logits,
+}
+
+
+def targets(kind, out_shape, n, generator=None):
+    """Targets for ``n`` samples of a criterion, for outputs ``[n, *out_shape]``."""
+    g = torch.Generator().manual_seed(1) if generator is None else generator
+    if kind == "ce":
+        return torch.randint(0, out_shape[0], (n, *out_shape[1:]), generator=g)
+    t = torch.rand(n, *out_shape, generator=g, dtype=torch.float64)
+    return t if kind == "bce" else t * 4 - 2
+
+
+def ggn_reference(loss_fn, params, buffers, batch, indices, reduction, names=None):
+    """The GGN ``sum_i J_i^T H_i J_i`` of the selected samples (repeats count) as a dense
+    ``[P, P]`` matrix over the named parameters, concatenated in order, from ``jacrev`` of the
+    output and ``hessian`` of the criterion with torch's own ``reduction`` semantics."""
+    from torch.func import hessian, jacrev
+
+    names = list(params) if names is None else names
+    n = sbfunc.batch_size(batch)
+    crit = loss_fn.raw_criterion
+    terms = []
+    for i in indices:
+        sample = sbfunc.take(batch, torch.tensor([int(i)]))
+        target = sbfunc.batch.extract(sample, loss_fn.target, "target")
+
+        def out_fn(diff, sample=sample):
+            return loss_fn.forward({**params, **diff}, buffers, sample)
+
+        diff = {k: params[k] for k in names}
+        out = out_fn(diff)
+        elements = crit(out, target, reduction="none").numel()
+        scale = 1.0 / (n * elements) if reduction == "mean" else 1.0
+        h = hessian(
+            lambda o, target=target, scale=scale: crit(o, target, reduction="sum") * scale
+        )(out)
+        k_out = out.numel()
+        jac = jacrev(out_fn)(diff)
+        j = torch.cat([jac[k].reshape(k_out, -1) for k in names], dim=1)
+        terms.append(j.T @ h.reshape(k_out, k_out) @ j)
+    return torch.stack(terms)  # [S, P, P]: per-sample terms
+
+
+def factors_matrix(factors, names=None):
+    """Factors ``{name: [R, S, *shape]}`` as one ``[R, S, P]`` tensor."""
+    names = list(factors) if names is None else names
+    return torch.cat([factors[k].flatten(2) for k in names], dim=2)
+
+
+def split_like(vector, params, names=None):
+    """A flat ``[..., P]`` tensor as a dict of parameter-shaped tensors."""
+    names = list(params) if names is None else names
+    out, start = {}, 0
+    for k in names:
+        size = params[k].numel()
+        out[k] = vector[..., start : start + size].reshape(*vector.shape[:-1], *params[k].shape)
+        start += size
+    return out

@@ -1,0 +1,274 @@
+"""Square roots of a criterion's Hessian with respect to the model output, exact and sampled.
+
+For the supported criteria the Hessian of each loss element with respect to the logits does not
+depend on the target, so it is a function of the model output ``f`` alone. With ``w`` the
+weight a reduction gives one element (``1/(N E)`` for ``"mean"`` over ``N`` samples of ``E``
+elements, ``1`` for ``"sum"``):
+
+* cross-entropy (softmax over dim 1, per position): ``H = w (diag(p) - p p^T)``; exact square
+  root ``sqrt(w) (diag(sqrt p) - p sqrt(p)^T)``, sampled ``sqrt(w) (onehot(y~) - p)`` with
+  ``y~ ~ Categorical(p)`` (a Gumbel-max draw);
+* mean squared error: ``H = 2 w I``; ``sqrt(2 w) I``, sampled ``sqrt(2 w) eps`` with
+  ``eps ~ N(0, I)``;
+* binary cross-entropy with logits: ``H = w diag(s (1 - s))``, ``s = sigmoid(f)``;
+  ``sqrt(w s (1 - s))``, sampled ``sqrt(w) (b - s)`` with ``b ~ Bernoulli(s)``.
+
+Every sampled column ``v`` has ``E[v v^T] = H``; ``M`` columns are scaled by ``1/sqrt(M)`` so that
+the sum of their outer products estimates ``H``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sbfunc.random import Key, gumbel, normal, uniform
+
+__all__ = [
+    "Kind",
+    "criterion_kind",
+    "draw_noise",
+    "element_weight",
+    "hessian_vector",
+    "sampled_sqrt",
+    "sqrt_hessian",
+]
+
+Kind = Literal["cross_entropy", "mse", "bce_with_logits"]
+
+_FUNCTIONS: dict[Any, Kind] = {
+    F.cross_entropy: "cross_entropy",
+    F.mse_loss: "mse",
+    F.binary_cross_entropy_with_logits: "bce_with_logits",
+}
+_MODULES: tuple[tuple[type[nn.Module], Kind], ...] = (
+    (nn.CrossEntropyLoss, "cross_entropy"),
+    (nn.MSELoss, "mse"),
+    (nn.BCEWithLogitsLoss, "bce_with_logits"),
+)
+SUPPORTED = (
+    "torch.nn.functional.cross_entropy / nn.CrossEntropyLoss (no class weights, no label "
+    "smoothing), torch.nn.functional.mse_loss / nn.MSELoss and "
+    "torch.nn.functional.binary_cross_entropy_with_logits / nn.BCEWithLogitsLoss (no weight, "
+    "no pos_weight)"
+)
+
+
+def _unsupported(criterion: Any, why: str = "") -> ValueError:
+    name = getattr(criterion, "__qualname__", None) or type(criterion).__name__
+    return ValueError(
+        f"the GGN is not available for the criterion {name}{why}; supported criteria: {SUPPORTED}"
+    )
+
+
+def criterion_kind(criterion: Any) -> Kind:
+    """Which supported criterion ``criterion`` is.
+
+    Args:
+        criterion: the criterion given to :func:`sbfunc.per_sample_loss`.
+
+    Returns:
+        ``"cross_entropy"``, ``"mse"`` or ``"bce_with_logits"``.
+
+    Raises:
+        ValueError: for any other criterion, or a supported one with options that change its
+            Hessian (class weights, label smoothing, ``pos_weight``); the message lists the
+            supported criteria.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import criterion_kind
+        >>> criterion_kind(torch.nn.CrossEntropyLoss(reduction="none"))
+        'cross_entropy'
+        >>> criterion_kind(torch.nn.functional.l1_loss)
+        Traceback (most recent call last):
+        ...
+        ValueError: the GGN is not available for the criterion l1_loss; supported criteria: ...
+
+    References:
+        Dangel et al. 2020, "BackPACK" (``SqrtGGNExact`` supports these three losses).
+    """
+    kind = _FUNCTIONS.get(criterion)
+    if kind is not None:
+        return kind
+    for cls, kind in _MODULES:
+        if isinstance(criterion, cls):
+            for option in ("weight", "pos_weight"):
+                if getattr(criterion, option, None) is not None:
+                    raise _unsupported(criterion, f" with {option}=...")
+            if getattr(criterion, "label_smoothing", 0.0) != 0.0:
+                raise _unsupported(criterion, " with label_smoothing != 0")
+            return kind
+    raise _unsupported(criterion)
+
+
+def element_weight(kind: Kind, out: torch.Tensor, n: int, reduction: str) -> float:
+    """The weight of one loss element in the batch loss: ``1/(n E)`` for ``"mean"`` (``E`` loss
+    elements per sample, as torch's ``reduction="mean"`` counts them), ``1`` for ``"sum"``.
+
+    Args:
+        kind: the criterion.
+        out: the model output ``[m, *out]`` (only its shape is read).
+        n: the size of the whole batch (also when sub-sampling).
+        reduction: ``"mean"`` or ``"sum"``.
+
+    Returns:
+        The weight ``w``.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import element_weight
+        >>> element_weight("mse", torch.zeros(4, 5), 8, "mean")
+        0.025
+
+    References:
+        PyTorch loss ``reduction`` semantics (mean over all loss elements).
+    """
+    if reduction == "sum":
+        return 1.0
+    per_sample = math.prod(out.shape[1:])
+    if kind == "cross_entropy":
+        per_sample //= out.shape[1]
+    return 1.0 / (n * per_sample)
+
+
+def _positions(out: torch.Tensor) -> torch.Tensor:
+    """Class scores ``[m, C, *D]`` as ``[m, C, prod(D)]``."""
+    return out.reshape(out.shape[0], out.shape[1], -1)
+
+
+def sqrt_hessian(kind: Kind, out: torch.Tensor, weight: float) -> torch.Tensor:
+    """Exact square roots ``S_n`` of the loss Hessians, as ``[K, m, *out]`` with
+    ``K = prod(out)``: ``sum_k V[k, n] V[k, n]^T`` is sample ``n``'s Hessian.
+
+    Args:
+        kind: the criterion.
+        out: the (detached) model output ``[m, *out]``; cross-entropy needs ``dim >= 2``.
+        weight: the element weight (:func:`element_weight`).
+
+    Returns:
+        ``V`` of shape ``[K, m, *out]``, column ``k`` first.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import sqrt_hessian
+        >>> v = sqrt_hessian("cross_entropy", torch.zeros(1, 2), 1.0)[:, 0]
+        >>> v @ v.T  # diag(p) - p p^T with p = (1/2, 1/2)
+        tensor([[ 0.2500, -0.2500],
+                [-0.2500,  0.2500]])
+
+    References:
+        Dangel et al. 2020, "BackPACK" (the loss Hessian square roots of ``SqrtGGNExact``).
+    """
+    m, k = out.shape[0], math.prod(out.shape[1:])
+    if kind == "cross_entropy":
+        p = _positions(out).softmax(1).transpose(1, 2)  # [m, D, C]
+        sq = p.sqrt()
+        blocks = torch.diag_embed(sq) - p[..., :, None] * sq[..., None, :]  # [m, D, C, C']
+        # column (c', d') is block d''s column c' placed at position d
+        v = torch.diag_embed(blocks.permute(3, 0, 2, 1))  # [C', m, C, D, D']
+        v = v.permute(0, 4, 1, 2, 3)  # [C', D', m, C, D]
+        return v.reshape(k, m, *out.shape[1:]) * math.sqrt(weight)
+    if kind == "mse":
+        diag = torch.full((m, k), math.sqrt(2.0 * weight), dtype=out.dtype, device=out.device)
+    else:
+        s = out.reshape(m, k).sigmoid()
+        diag = (s * (1 - s) * weight).sqrt()
+    return torch.diag_embed(diag).permute(2, 0, 1).reshape(k, m, *out.shape[1:])
+
+
+def draw_noise(kind: Kind, k: Key, mc_samples: int, like: torch.Tensor, s: int) -> torch.Tensor:
+    """The noise behind :func:`sampled_sqrt` for all ``s`` selected samples at once (so the
+    result does not depend on how the samples are chunked): Gumbel noise for cross-entropy,
+    standard normal for MSE, uniform for BCE, of shape ``[M, s, *out]``.
+
+    Args:
+        kind: the criterion.
+        k: the key.
+        mc_samples: ``M``.
+        like: an output ``[m, *out]`` giving the per-sample shape, dtype and device.
+        s: the number of selected samples.
+
+    Returns:
+        ``Tensor[M, s, *out]``.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import draw_noise
+        >>> draw_noise("mse", sbfunc.random.key(0), 3, torch.zeros(1, 2), 5).shape
+        torch.Size([3, 5, 2])
+
+    References:
+        JAX ``jax.random`` (explicit keys, one draw per shape).
+    """
+    shape = (mc_samples, s, *like.shape[1:])
+    draw = {"cross_entropy": gumbel, "mse": normal, "bce_with_logits": uniform}[kind]
+    return draw(k, shape, dtype=like.dtype, device=like.device)
+
+
+def sampled_sqrt(
+    kind: Kind, out: torch.Tensor, weight: float, noise: torch.Tensor
+) -> torch.Tensor:
+    """Monte-Carlo square roots ``[M, m, *out]``: ``sum_k V[k, n] V[k, n]^T`` estimates sample
+    ``n``'s loss Hessian without bias.
+
+    Args:
+        kind: the criterion.
+        out: the (detached) model output ``[m, *out]``.
+        weight: the element weight (:func:`element_weight`).
+        noise: this chunk's slice of :func:`draw_noise`, ``[M, m, *out]``.
+
+    Returns:
+        ``V`` of shape ``[M, m, *out]``.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import draw_noise, sampled_sqrt
+        >>> out = torch.zeros(1, 3)
+        >>> noise = draw_noise("cross_entropy", sbfunc.random.key(0), 4, out, 1)
+        >>> sampled_sqrt("cross_entropy", out, 1.0, noise).shape
+        torch.Size([4, 1, 3])
+
+    References:
+        Dangel et al. 2020, "BackPACK" (``SqrtGGNMC``); Martens 2014, "New insights and
+        perspectives on the natural gradient method" (sampled Fisher).
+    """
+    scale = math.sqrt(weight / noise.shape[0])
+    if kind == "cross_entropy":
+        logp = out.log_softmax(1)
+        drawn = (logp + noise).argmax(2)  # [M, m, *D]: Gumbel-max, a categorical draw
+        onehot = F.one_hot(drawn, out.shape[1]).movedim(-1, 2).to(out.dtype)
+        return (onehot - logp.exp()) * scale
+    if kind == "mse":
+        return noise * (scale * math.sqrt(2.0))
+    s = out.sigmoid()
+    return ((noise < s).to(out.dtype) - s) * scale
+
+
+def hessian_vector(kind: Kind, out: torch.Tensor, weight: float, u: torch.Tensor) -> torch.Tensor:
+    """The loss Hessians applied to output-space vectors, ``H_n u_n`` for every sample.
+
+    Args:
+        kind: the criterion.
+        out: the (detached) model output ``[m, *out]``.
+        weight: the element weight (:func:`element_weight`).
+        u: vectors shaped like ``out``.
+
+    Returns:
+        ``H u``, shaped like ``out``.
+
+    Example:
+        >>> from sbfunc.per_sample.loss_hessian import hessian_vector
+        >>> hessian_vector("mse", torch.zeros(1, 2), 0.5, torch.tensor([[1.0, 2.0]]))
+        tensor([[1., 2.]])
+
+    References:
+        Schraudolph 2002, "Fast curvature matrix-vector products for second-order gradient
+        descent".
+    """
+    if kind == "cross_entropy":
+        p = out.softmax(1)
+        return (p * u - p * (p * u).sum(1, keepdim=True)) * weight
+    if kind == "mse":
+        return u * (2.0 * weight)
+    s = out.sigmoid()
+    return s * (1 - s) * u * weight
