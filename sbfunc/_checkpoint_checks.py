@@ -89,8 +89,15 @@ def leaf_problems(nodes: list[Node], got: list[Any], want: list[Any]) -> list[st
     return [
         f"{_show(path)}: {_describe(g)} in the checkpoint, {_describe(w)} in the template"
         for path, g, w in zip(paths, got, want, strict=True)
-        if not _leaf_matches(g, w)
+        if not (_leaf_matches(g, w) or _optional_length(_show(path), g, w))
     ]
+
+
+def _optional_length(path: str, got: Any, want: Any) -> bool:
+    """``time.total_steps`` is the run's length or ``None`` while unknown: a template built
+    without it (``step.init`` with no ``total_steps``) takes the checkpoint's, and back."""
+    optional = (type(None), int)
+    return path.endswith("total_steps") and type(got) in optional and type(want) in optional
 
 
 def _leaf_matches(got: Any, want: Any) -> bool:

@@ -1,9 +1,9 @@
 """Algorithm ordering passes (the public ``sbfunc.passes`` module).
 
-A pass is a plain function ``(algorithms, event) -> list`` that reorders (or filters) the
-algorithms that matched an event; ``sbfunc.engine.run_event`` runs a tuple of them, by default
-:data:`DEFAULT_PASSES`. See :mod:`sbfunc.engine.ordering` for why the defaults add
-:func:`keep_selective_backprop_first` after Composer's FILO reversal.
+A pass is a plain function ``(algorithms, event) -> list`` that reorders the algorithms of an
+event; a training step runs a tuple of them once per event when it is built (by default
+:data:`DEFAULT_PASSES`: the one rule :func:`order_by_phase`, then a warning). See
+:mod:`sbfunc.engine.ordering` for the rule and for Composer's passes.
 
 Example:
     Add your own pass at an index (``sbfunc.testing`` shows how to property-test it):
@@ -14,7 +14,7 @@ Example:
     ...     return sort_to_back(algorithms, lambda a: a.interpolate_loss)
     >>> passes = register_pass(DEFAULT_PASSES, loss_interpolation_last, index=-1)
     >>> len(passes)
-    7
+    3
 """
 
 from sbfunc.engine import ordering as _ordering

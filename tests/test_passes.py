@@ -10,7 +10,8 @@ from sbfunc.engine import Event
 from sbfunc.passes import (
     DEFAULT_PASSES,
     MultipleLossInterpolationWarning,
-    keep_selective_backprop_first,
+    order_by_phase,
+    phase,
     register_pass,
     set_filo_order,
     sort_fused_layernorm_last,
@@ -98,10 +99,32 @@ def test_fused_layernorm_last_and_selective_backprop_first_individually(algs, ev
     last = [a.fuses_layernorm for a in sort_fused_layernorm_last(algs, event)]
     first = [a.selects_samples for a in sort_selective_backprop_first(algs, event)]
     assert last == sorted(last) and first == sorted(first, reverse=True)
-    again = keep_selective_backprop_first(set_filo_order(algs, event), event)
-    assert ids(again[: sum(first)]) == ids(a for a in algs if a.selects_samples)
-    assert ids(again[sum(first) :]) == ids(
-        a for a in set_filo_order(algs, event) if not a.selects_samples
+
+
+@PROPS
+@given(algorithm_lists(), events())
+def test_one_rule_phases_then_list_order_first_in_last_out_on_exactly_the_after_events(
+    algs, event
+):
+    out = order_by_phase(algs, event)
+    phases = [phase(a) for a in out]
+    assert phases == sorted(phases)
+    filo = event.name.startswith("AFTER_")
+    for p in range(4):
+        in_list = [a for a in algs if phase(a) == p]
+        expected = in_list[::-1] if filo and p >= 2 else in_list
+        assert ids(a for a in out if phase(a) == p) == ids(expected)
+
+
+@PROPS
+@given(algorithm_lists(), events(), st.data())
+def test_ordering_once_then_filtering_equals_ordering_the_matched(algs, event, data):
+    keep = data.draw(st.lists(st.booleans(), min_size=len(algs), max_size=len(algs)))
+    matched = [a for a, k in zip(algs, keep) if k]
+    whole = run_passes(DEFAULT_PASSES, algs, event)
+    chosen = {id(a) for a in matched}
+    assert ids(a for a in whole if id(a) in chosen) == ids(
+        run_passes(DEFAULT_PASSES, matched, event)
     )
 
 

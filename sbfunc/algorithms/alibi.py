@@ -373,22 +373,16 @@ class Alibi(Algorithm, Surgery):
             module, self.max_sequence_length, position_embeddings=self.position_embeddings
         )
 
-    def match(self, event: Event, state: State) -> int | bool:
-        if event != Event.AFTER_DATALOADER or self.scaling == 1.0:
-            return False
-        current = batch_sequence_length(state.batch)
-        if current is None:
-            return False
-        length = max(1, int(current * self.scaling))
-        return length if length < current else False
+    def match(self, event: Event, state: State) -> bool:
+        return event == Event.AFTER_DATALOADER and self.scaling != 1.0
 
     def apply(self, event: Event, state: State) -> State:
-        length = state.matched
-        if isinstance(length, bool) or not isinstance(length, int):  # applied without match
-            current = batch_sequence_length(state.batch)
-            if current is None:
-                return state
-            length = max(1, int(current * self.scaling))
+        current = batch_sequence_length(state.batch)  # a shape: static in a compiled step
+        if current is None:
+            return state
+        length = max(1, int(current * self.scaling))
+        if length >= current:
+            return state
         return state.replace(batch=set_batch_sequence_length(state.batch, length, truncate=False))
 
     def __repr__(self) -> str:

@@ -227,24 +227,29 @@ class ProgressiveResizing(Algorithm):
             >>> ProgressiveResizing(initial_scale=0.3, size_increment=8).pinned_scale(0.0, 64)
             0.25
         """
-        scale, inc = self.scale_at(elapsed), self.size_increment
+        return self._pin(self.scale_at(elapsed), width)
+
+    def _pin(self, scale: float, width: int) -> float:
+        inc = self.size_increment
         if scale >= 1:  # full size, even for a width that is not a multiple of inc
             return 1.0
         new = round(width * scale / inc) * inc
         return min(width, max(inc, new)) / width
 
     def match(self, event: Event, state: State) -> float | bool:
-        if event != Event.AFTER_DATALOADER or state.batch is None:
+        if event != Event.AFTER_DATALOADER:
             return False
-        width = extract(state.batch, self.input, "input").shape[-1]
-        scale = self.pinned_scale(state.time.elapsed, width)
+        scale = self.scale_at(state.time.elapsed)
         return scale if scale < 1 and math.isfinite(scale) else False
 
     def apply(self, event: Event, state: State) -> State:
         x = extract(state.batch, self.input, "input")
         scale = state.matched
         if isinstance(scale, bool):  # applied without its match decision (a direct call)
-            scale = self.pinned_scale(state.time.elapsed, x.shape[-1])
+            scale = self.scale_at(state.time.elapsed)
+        scale = self._pin(scale, x.shape[-1])  # the width is a shape: static when compiled
+        if scale >= 1:
+            return state
         if not self.resize_targets:
             x, _ = resize_batch(x, x, scale, mode=self.mode, key=state.key)
             return state.replace(batch=replace(state.batch, self.input, x))

@@ -244,16 +244,15 @@ class SeqLengthWarmup(Algorithm):
         )
 
     def match(self, event: Event, state: State) -> int | bool:
-        if event != Event.AFTER_DATALOADER:
-            return False
-        current = batch_sequence_length(state.batch)
-        length = self.length(state.time.elapsed)
-        return length if current is not None and length < current else False
+        return self.length(state.time.elapsed) if event == Event.AFTER_DATALOADER else False
 
     def apply(self, event: Event, state: State) -> State:
         length = state.matched
         if isinstance(length, bool) or not isinstance(length, int):  # applied without match
             length = self.length(state.time.elapsed)
+        current = batch_sequence_length(state.batch)  # a shape: static in a compiled step
+        if current is None or length >= current:
+            return state
         batch = set_batch_sequence_length(
             state.batch,
             length,

@@ -161,7 +161,7 @@ class StochasticDepth(Algorithm, Surgery):
 
     ``model = sd(model)`` applies :func:`apply_stochastic_depth`; list ``sd`` among the step's
     algorithms when ``drop_warmup > 0``: on ``BATCH_START`` it sets every branch's warm-up
-    factor to ``min(1, elapsed / drop_warmup)`` (computed from ``state.clock``, so the step
+    factor to ``min(1, elapsed / drop_warmup)`` (computed from ``state.time`` as tensors, so the step
     compiles once), so the rates grow linearly to their full value over that fraction of
     training. Without warm-up it matches no event. Unlike Composer, the warm-up also works
     with ``"sample"`` and ends exactly at the full rate.
@@ -218,9 +218,8 @@ class StochasticDepth(Algorithm, Surgery):
                 f"{self.name}: the buffers hold no {SCALE}; apply the surgery first: "
                 "model = stochastic_depth(model), then split_module(model)"
             )
-        if state.clock is None:
-            raise RuntimeError(f"{self.name}: BATCH_START without a clock")
-        factor = (state.clock.elapsed / self.drop_warmup).clamp(max=1.0)
+        elapsed = torch.as_tensor(state.time.elapsed, dtype=torch.float32)
+        factor = (elapsed / self.drop_warmup).clamp(max=1.0)
         like = state.buffers[names[0]]
         factor = factor.to(device=like.device, dtype=like.dtype)
         return state.replace(buffers={**state.buffers, **dict.fromkeys(names, factor)})

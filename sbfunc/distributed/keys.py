@@ -18,7 +18,7 @@ from sbfunc import random as sbrandom
 from sbfunc.distributed.comm import Comm
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.engine.algorithm import FLAGS, ApplyResult
-from sbfunc.engine.run import unpack_result
+from sbfunc.engine.trace import unpack_result
 from sbfunc.validation import check_int
 
 __all__ = ["per_rank", "rank_key"]

@@ -21,13 +21,12 @@ from typing import Any, Literal
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import batch_size
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
-from sbfunc.engine import Algorithm, Run, TrainState
+from sbfunc.engine import Algorithm, Carry, TrainState
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, Params
-from sbfunc.optim import Optimizer
-from sbfunc.step import StepMetrics, StepPlan, TrainStep, make_train_step
+from sbfunc.optim import GradientTransformation
+from sbfunc.step import StepMetrics, TrainStep, make_train_step
 from sbfunc.validation import check_real
 
 __all__ = ["BufferSync", "DataParallelStep", "make_data_parallel_step"]
@@ -52,7 +51,7 @@ class DataParallelStep(TrainStep):
         from rank 0); Goyal et al. 2017, "Accurate, Large Minibatch SGD".
     """
 
-    data_parallel = True
+    collective = True
 
     def __init__(
         self,
@@ -88,18 +87,9 @@ class DataParallelStep(TrainStep):
         """Each rank's own dropout stream: the single-process key folded with the rank."""
         return sbrandom.fold_in(super().model_key(step_key), self.comm.rank)
 
-    def _loss_and_grads(self, plan: StepPlan, run: Run) -> tuple[Run, Params, torch.Tensor]:
-        if batch_size(run.batch) > 0:
-            return super()._loss_and_grads(plan, run)
-        # No row here (the others may have some): contribute nothing, take their update.
-        grads = {k: torch.zeros_like(v) for k, v in run.params.items()}
-        device = next(iter(run.params.values())).device if run.params else run.key.device
-        loss = torch.zeros((), device=device)
-        return run._replace(loss=loss, losses=loss.new_zeros(0), outputs=None), grads, loss
-
     def synchronize(
-        self, run: Run, grads: Params, loss: torch.Tensor, rows: int
-    ) -> tuple[Run, Params, torch.Tensor, torch.Tensor | None]:
+        self, carry: Carry, grads: Params, loss: torch.Tensor, rows: int
+    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
         """The mean over all ranks' kept rows of the gradient and the loss (see the module
         docs); the buffers synchronised; apply the update unless no rank had a row."""
         stats = torch.stack(
@@ -111,8 +101,8 @@ class DataParallelStep(TrainStep):
         loss_sum, count = summed[-1][0], summed[-1][1]
         divided = torch._foreach_div(summed[:-1], count.clamp_min(1)) if grads else []
         grads = dict(zip(grads, divided, strict=True))
-        run = run._replace(buffers=self._sync_buffers(run.buffers))
-        return run, grads, (loss_sum / count).to(loss.dtype), count > 0
+        context = carry.context._replace(buffers=self._sync_buffers(carry.context.buffers))
+        return carry._replace(context=context), grads, (loss_sum / count).to(loss.dtype), count > 0
 
     def _sync_buffers(self, buffers: Params) -> Params:
         if not buffers or self.comm.world == 1:
@@ -136,7 +126,7 @@ class DataParallelStep(TrainStep):
         return {k: new[k] for k in names}
 
     @torch.compiler.disable
-    def finish(self, state: TrainState, run: Run, out: Any) -> tuple[TrainState, StepMetrics]:
+    def finish(self, state: TrainState, carry: Carry, out: Any) -> tuple[TrainState, StepMetrics]:
         """Like :meth:`TrainStep.finish`; with ``nonfinite="raise"`` every rank raises when
         any rank had rows (the skip flag is the same on every rank)."""
         if self.nonfinite == "raise" and bool(out.skipped):
@@ -149,12 +139,12 @@ class DataParallelStep(TrainStep):
                     f"rank (global loss {float(out.loss)}); the update was not applied on any "
                     "rank. Pass nonfinite='skip' to skip such updates and count them instead"
                 )
-        return super().finish(state, run, out)
+        return super().finish(state, carry, out)
 
 
 def make_data_parallel_step(
     loss_fn: LossFn,
-    optimizer: Optimizer,
+    optimizer: GradientTransformation,
     algorithms: Sequence[Algorithm] = (),
     passes: Sequence[Pass] = DEFAULT_PASSES,
     *,

@@ -81,6 +81,12 @@ class Algorithm(ABC):
     changes_sequence_length: bool = False
     uses_key: bool = True
     """Whether ``apply`` reads ``state.key`` (``False``: the engine passes ``None``)."""
+    uses_elapsed: bool = False
+    """Whether ``match`` decides from ``time.elapsed`` (the fraction of training done): a step
+    with such an algorithm refuses to run until the run's length is known."""
+    events: frozenset[Event] | None = None
+    """The events ``match`` can accept (``None``: any). The engine calls ``match`` only on
+    these, so declaring them keeps a step's host work independent of the number of events."""
     parts: tuple[Algorithm, ...] = ()
     """Sub-algorithms (set by combinators)."""
     name: str = "Algorithm"

@@ -9,14 +9,15 @@ Every result is an ``Algorithm`` (so it nests) and lists its parts in ``parts``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sbfunc import random as sbrandom
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.events import Event
-from sbfunc.engine.run import stream_ids, unpack_result
 from sbfunc.engine.state import State
+from sbfunc.engine.trace import stream_ids, unpack_result
 from sbfunc.validation import check_fraction, check_int
 
 __all__ = ["chain", "during", "every_n_steps", "named_chain", "on_events", "when"]
@@ -30,8 +31,10 @@ def _check_algorithm(alg: object, arg: str) -> Algorithm:
 
 def _inherit_flags(target: Algorithm, parts: Iterable[Algorithm]) -> None:
     parts = tuple(parts)
-    for flag in (*FLAGS, "uses_key"):
+    for flag in (*FLAGS, "uses_key", "uses_elapsed"):
         setattr(target, flag, any(getattr(p, flag) for p in parts))
+    listened = [p.events for p in parts]
+    target.events = None if None in listened else frozenset().union(*listened)  # type: ignore[arg-type]
 
 
 class _Chain(Algorithm):
@@ -198,8 +201,9 @@ class _Gated(Algorithm):
         return self.part.apply(event, state)
 
     def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
-        bound = _Gated(self.part.bind(loss_fn=loss_fn, per_sample=per_sample), self.gate, "")
-        bound.description, bound.name = self.description, self.name
+        bound = copy.copy(self)
+        bound.part = self.part.bind(loss_fn=loss_fn, per_sample=per_sample)
+        bound.parts = (bound.part,)
         return bound
 
     def __repr__(self) -> str:
@@ -236,7 +240,9 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
         if not isinstance(e, Event):
             raise TypeError(f"events must hold sbfunc Events, got {e!r}")
     names = sorted(e.name for e in allowed)
-    return _Gated(algorithm, lambda event, state: event in allowed, f"on_events({names})")
+    gated = _Gated(algorithm, lambda event, state: event in allowed, f"on_events({names})")
+    gated.events = allowed if algorithm.events is None else allowed & algorithm.events
+    return gated
 
 
 def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
@@ -272,11 +278,13 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
     lo, hi = check_fraction(start, "start"), check_fraction(end, "end")
     if hi < lo:
         raise ValueError(f"end must be in [start, 1] = [{lo}, 1], got {end!r}")
-    return _Gated(
+    gated = _Gated(
         algorithm,
         lambda event, state: lo <= state.time.elapsed < hi,
         f"during(start={lo}, end={hi})",
     )
+    gated.uses_elapsed = gated.uses_elapsed or (lo, hi) != (0.0, 1.0)
+    return gated
 
 
 def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:

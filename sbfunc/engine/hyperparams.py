@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.events import Event
-from sbfunc.engine.run import unpack_result
 from sbfunc.engine.state import State
+from sbfunc.engine.trace import unpack_result
 
 __all__ = ["Schedule", "inject_hyperparams"]
 
 Schedule = Callable[[float], float]
 """A hyperparameter as a function of ``state.time.elapsed`` (the fraction of training)."""
+
+
+class _Decided(NamedTuple):
+    """An injected algorithm's match decision with the hyperparameter values it was made at."""
+
+    values: tuple[tuple[str, Any], ...]
+    decision: Any
 
 
 class _Injected(Algorithm):
@@ -66,10 +73,18 @@ class _Injected(Algorithm):
         return values, self._build(values).init(key)
 
     def match(self, event: Event, state: State) -> Any:
-        return self._current(state)[1].match(event, state.replace(own=state.own[1]))
+        values, alg = self._current(state)
+        decision = alg.match(event, state.replace(own=state.own[1]))
+        # The values travel to apply in the decision: apply sees the time as tensors.
+        return _Decided(tuple(values.items()), decision) if decision else decision
 
     def apply(self, event: Event, state: State) -> ApplyResult:
-        values, alg = self._current(state)
+        matched = state.matched
+        if isinstance(matched, _Decided):
+            values = dict(matched.values)
+            alg, state = self._build(values), state.replace(matched=matched.decision)
+        else:  # applied directly, without match: the time is the host's
+            values, alg = self._current(state)
         out, code = unpack_result(alg.apply(event, state.replace(own=state.own[1])), alg)
         out = out.replace(own=(values, out.own))
         return out if code is None else (out, code)

@@ -1,19 +1,18 @@
 """Ordering passes: plain functions ``(algorithms, event) -> list`` (public as ``sbfunc.passes``).
 
-The engine runs the passes in order on the algorithms that matched an event, then applies
-the result in order. A pass never mutates its input; it returns a new list.
+A training step runs its passes **once per event, when it is built**, on every algorithm that
+can match that event; each step applies, in that order, the ones that matched. A pass never
+mutates its input; it returns a new list of the same algorithms.
 
-:data:`DEFAULT_PASSES` follows Composer (``sort_selective_backprop_first``,
-``sort_fused_layernorm_last``, ``set_filo_order``, ``warn_if_multiple_loss_interpolation``)
-plus two explicit rules placed right after the FILO reversal:
-:func:`keep_selective_backprop_first` and :func:`sort_sequence_length_first` (sequence-length
-changes come before scoring). In Composer the FILO reversal of the ``AFTER_*`` events undoes
-``sort_selective_backprop_first``: on ``AFTER_DATALOADER`` Selective Backprop runs *last*
-and scores a batch that CutOut/MixUp already augmented (Composer 0.32.1 turns
+:data:`DEFAULT_PASSES` is one rule, :func:`order_by_phase` (sequence-length changes, then
+sample selection, then the rest first-in-last-out on ``AFTER_*`` events, then layer-norm
+fusion), and :func:`warn_if_multiple_loss_interpolation`. Composer's own passes are here too
+(:data:`COMPOSER_PASSES`, in Composer's order): there the FILO reversal of the ``AFTER_*`` events
+undoes ``sort_selective_backprop_first``, so on ``AFTER_DATALOADER`` Selective Backprop runs
+*last* and scores a batch that CutOut/MixUp already augmented (Composer 0.32.1 turns
 ``[CutOut, ProgressiveResizing, SelectiveBackprop]`` into
-``[ProgressiveResizing, CutOut, SelectiveBackprop]``). Sample selection must see the raw batch
-(its scores rank the data, not the augmentation noise), and everything after it should only
-touch the rows it keeps, so the rule puts the sample-selecting algorithms back in front.
+``[ProgressiveResizing, CutOut, SelectiveBackprop]``). Sample selection must see the raw batch,
+so sbfunc's rule puts selectors in their own phase instead of patching the order afterwards.
 """
 
 from __future__ import annotations
@@ -28,15 +27,16 @@ from sbfunc.engine.events import Event
 from sbfunc.validation import check_int
 
 __all__ = [
+    "COMPOSER_PASSES",
     "DEFAULT_PASSES",
     "MultipleLossInterpolationWarning",
     "Pass",
-    "keep_selective_backprop_first",
+    "order_by_phase",
+    "phase",
     "register_pass",
     "set_filo_order",
     "sort_fused_layernorm_last",
     "sort_selective_backprop_first",
-    "sort_sequence_length_first",
     "sort_to_back",
     "sort_to_front",
     "warn_if_multiple_loss_interpolation",
@@ -235,87 +235,65 @@ def set_filo_order(algorithms: Sequence[Algorithm], event: Event) -> list[Algori
     return list(algorithms)
 
 
-def keep_selective_backprop_first(
-    algorithms: Sequence[Algorithm], event: Event
-) -> list[Algorithm]:
-    """After the FILO reversal, put the sample-selecting algorithms first again, in list order.
+def phase(algorithm: Algorithm) -> int:
+    """An algorithm's phase in every event's order, from its declared flags.
 
-    This is the one rule sbfunc adds to Composer's passes (see the module docstring): on
-    ``AFTER_DATALOADER`` Selective Backprop must score the raw batch before any augmentation,
-    which the FILO reversal would otherwise undo. It applies on every event, so a selector
-    always sees the batch as the event delivers it and later algorithms see only kept rows.
-    Among several selectors it undoes the reversal too, so they run in the order of the
-    algorithm list on every event (a noise filter listed before Selective Backprop filters
-    first on ``AFTER_DATALOADER`` as on ``BEFORE_FORWARD``).
+    0: it changes the sequence length (``changes_sequence_length``); 1: it selects samples
+    (``selects_samples``); 3: it fuses layer norms (``fuses_layernorm``); 2: everything else.
+
+    Example:
+        >>> from sbfunc.testing import Toy
+        >>> [sbfunc.passes.phase(a) for a in (Toy(selects_samples=True), Toy())]
+        [1, 2]
+    """
+    if algorithm.changes_sequence_length:
+        return 0
+    if algorithm.selects_samples:
+        return 1
+    return 3 if algorithm.fuses_layernorm else 2
+
+
+def order_by_phase(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
+    """The one ordering rule: by :func:`phase`, then by place in the list, first in last out.
+
+    Sequence-length changes come first (Selective Backprop scores rows at the length they are
+    trained at), then the sample selectors (they score the raw batch, and everything after
+    them touches only the rows they keep), then every other algorithm, then the layer-norm
+    fusers. Within the first two phases the list order holds on every event; within the
+    others it is reversed on the ``AFTER_*`` events (first in, last out: an algorithm that
+    changes something on ``BEFORE_X`` and undoes it on ``AFTER_X`` nests with the others).
+    The result depends only on what the algorithms are, so ordering the whole list once and
+    keeping the ones that matched equals ordering the matched ones.
 
     Args:
-        algorithms: the list ``set_filo_order`` returned (left as it is).
-        event: the event (the selectors' reversal is undone on the FILO events).
+        algorithms: the algorithms (not modified).
+        event: the event (``AFTER_*`` events reverse the last two phases).
 
     Returns:
-        The selectors, in list order, then the others in their incoming order.
+        A new list.
 
     Example:
         >>> from sbfunc.engine import Event
         >>> from sbfunc.testing import Toy
-        >>> algs = [Toy(name="cutout"), Toy(name="sb", selects_samples=True)]
-        >>> after_filo = sbfunc.passes.set_filo_order(
-        ...     sbfunc.passes.sort_selective_backprop_first(algs, Event.AFTER_DATALOADER),
-        ...     Event.AFTER_DATALOADER)
-        >>> [a.name for a in after_filo]
-        ['cutout', 'sb']
-        >>> [a.name for a in sbfunc.passes.keep_selective_backprop_first(
-        ...     after_filo, Event.AFTER_DATALOADER)]
-        ['sb', 'cutout']
+        >>> algs = [Toy(name="cutout"), Toy(name="mixup"), Toy(name="sb", selects_samples=True)]
+        >>> [a.name for a in sbfunc.passes.order_by_phase(algs, Event.AFTER_DATALOADER)]
+        ['sb', 'mixup', 'cutout']
+        >>> [a.name for a in sbfunc.passes.order_by_phase(algs, Event.BEFORE_FORWARD)]
+        ['sb', 'cutout', 'mixup']
 
     References:
-        Jiang et al. 2019 (Selective Backprop); MosaicML Composer ``core.passes``.
+        MosaicML Composer ``core.passes`` (``sort_selective_backprop_first``,
+        ``set_filo_order``, ``sort_fused_layernorm_last``), whose FILO reversal runs Selective
+        Backprop last on ``AFTER_DATALOADER``; Jiang et al. 2019 (Selective Backprop).
     """
-    hit = [a for a in algorithms if a.selects_samples]
-    if not hit:
-        return list(algorithms)
-    if event in _FILO_EVENTS:
-        hit.reverse()
-    return hit + [a for a in algorithms if not a.selects_samples]
+    filo = event in _FILO_EVENTS
 
+    def key(item: tuple[int, Algorithm]) -> tuple[int, int]:
+        i, alg = item
+        p = phase(alg)
+        return p, (-i if filo and p >= 2 else i)
 
-def sort_sequence_length_first(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
-    """Put the algorithms that change the sequence length first, in list order.
-
-    An algorithm declares it with the flag ``changes_sequence_length = True``
-    (``SeqLengthWarmup``, ``Alibi``). Placed after :func:`keep_selective_backprop_first` in
-    :data:`DEFAULT_PASSES`, it puts them even before Selective Backprop on
-    ``AFTER_DATALOADER``: SB scores the rows at the length they are trained at, and the kept
-    rows are not cut again. Among themselves they keep the order the earlier passes gave them,
-    with the FILO reversal undone: the list order unless they also select samples or fuse
-    layer norms.
-
-    Args:
-        algorithms: the ordered list of the previous passes (not changed).
-        event: the event.
-
-    Returns:
-        A new list: the sequence-length algorithms, then the others in their incoming order.
-
-    Example:
-        >>> from sbfunc.engine import Event
-        >>> from sbfunc.testing import Toy
-        >>> algs = [Toy(name="sb", selects_samples=True),
-        ...         Toy(name="warmup", changes_sequence_length=True)]
-        >>> out = sbfunc.passes.sort_sequence_length_first(algs, Event.AFTER_DATALOADER)
-        >>> [a.name for a in out]
-        ['warmup', 'sb']
-
-    References:
-        MosaicML Composer ``composer.core.passes`` (ordering passes); Jiang et al. 2019
-        (Selective Backprop scores the rows it trains on).
-    """
-    hit = [a for a in algorithms if a.changes_sequence_length]
-    if not hit:
-        return list(algorithms)
-    if event in _FILO_EVENTS:
-        hit.reverse()
-    return hit + [a for a in algorithms if not a.changes_sequence_length]
+    return [alg for _, alg in sorted(enumerate(algorithms), key=key)]
 
 
 def warn_if_multiple_loss_interpolation(
@@ -360,15 +338,17 @@ def warn_if_multiple_loss_interpolation(
     return list(algorithms)
 
 
-DEFAULT_PASSES: tuple[Pass, ...] = (
+DEFAULT_PASSES: tuple[Pass, ...] = (order_by_phase, warn_if_multiple_loss_interpolation)
+"""The passes a step uses by default: the one ordering rule, then the warning."""
+
+COMPOSER_PASSES: tuple[Pass, ...] = (
     sort_selective_backprop_first,
     sort_fused_layernorm_last,
     set_filo_order,
-    keep_selective_backprop_first,
-    sort_sequence_length_first,
     warn_if_multiple_loss_interpolation,
 )
-"""The passes ``run_event`` uses by default, in order."""
+"""Composer 0.32.1's default passes, in its order, for runs that must order exactly as it does
+(its FILO reversal runs Selective Backprop last on ``AFTER_DATALOADER``)."""
 
 
 def register_pass(

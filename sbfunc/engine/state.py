@@ -1,20 +1,20 @@
-"""The two states of a run, by lifetime: what persists between steps and what one event sees.
+"""The states of a run, by lifetime, and its one clock.
 
 * :class:`TrainState` persists from step to step (and into checkpoints): parameters, buffers,
   the optimizer state, one state per algorithm (a tuple that mirrors the algorithm list), the
   root key and the clock. ``step.init(params, buffers, key=...)`` builds it; nothing else does.
-* :class:`State` is what one algorithm sees when it is applied on one event (Composer's
-  ``State``): the persistent fields, the current batch's values (``batch``, ``outputs``,
-  ``loss``, ``losses``, ``sample_weights``), which live for one step only, and three fields
-  focused on that algorithm: ``own`` (its entry of ``TrainState.algorithm_state``),
-  ``scratch`` (its per-batch entry, ``None`` at the start of every step) and ``key`` (its own
-  random key for this step and event).
+* :class:`State` is the one per-step context (Composer's ``State``): the persistent fields, the
+  current batch's values (``batch``, ``outputs``, ``loss``, ``losses``, ``grads``,
+  ``sample_weights``), which live for one step only, and the fields focused on the algorithm
+  being applied: ``own`` (its entry of ``TrainState.algorithm_state``), ``scratch`` (its
+  per-batch entry, ``None`` at the start of every step), ``matched`` (what its ``match``
+  returned) and ``key`` (its own random key for this step and event). The engine carries one
+  ``State`` through a whole step and re-focuses it on each algorithm it applies.
 
-Time comes in two forms. :class:`Time` holds the host clock as plain Python numbers (what
-``match`` decides from: reading it never syncs a device, and the engine decides outside the
-compiled step). :class:`Clock` carries the same clock as 0-d tensors for code that runs inside
-the step (``apply``): a Python number read there would be baked into a compiled graph and
-recompile it every step.
+:class:`Time` is the one clock. ``match`` reads it as Python numbers (deciding on the host never
+syncs a device, and the engine decides outside the compiled step); inside ``apply`` the same
+record holds 0-d tensors (:meth:`Time.as_tensors`), because a Python number read there would
+be baked into a compiled graph and recompile it every step.
 """
 
 from __future__ import annotations
@@ -23,70 +23,94 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Clock", "State", "Time", "TrainState"]
+__all__ = ["State", "Time", "TrainState"]
 
 Params = dict[str, torch.Tensor]
 
 
 class Time(NamedTuple):
-    """Training progress on the host.
+    """Training progress: the one clock of a run.
+
+    On the host (``state.time`` of a :class:`TrainState`, and what ``match`` sees) the fields
+    are Python numbers; inside ``apply`` they are 0-d tensors (:meth:`as_tensors`).
 
     Attributes:
         step: loader batches consumed by steps (optimizer updates plus skipped updates).
         epoch: epochs done.
         batch_in_epoch: index of the current batch inside the epoch.
-        elapsed: fraction of training done, in ``[0, 1]`` (set by :func:`sbfunc.fit`).
+        elapsed: fraction of training done, in ``[0, 1]``: ``step / total_steps`` once the
+            run's length is known, advanced by every step.
         samples_forwarded: rows that went through a forward pass (scoring passes included).
         samples_backpropagated: rows the gradient was computed on.
         updates_skipped: a 0-d ``int64`` tensor (on the device, so counting never syncs):
             steps whose update did not reach the parameters (a non-finite loss or gradient, or
             no rows left to train on). ``None`` only in a hand-made ``Time``.
+        total_steps: the run's length in steps (``step.init(..., total_steps=N)``, or set by
+            :func:`sbfunc.fit`); ``None`` while unknown. Algorithms that decide from
+            ``elapsed`` (``uses_elapsed``) refuse to run without it.
+        rows_nonfinite: a 0-d ``int64`` tensor: training rows left out of updates because
+            their input or loss was not finite (``None`` only in a hand-made ``Time``).
 
     Example:
-        >>> sbfunc.Time(step=3, elapsed=0.5)._replace(step=4).step
+        >>> sbfunc.Time(step=3, total_steps=6)._replace(step=4).step
         4
+        >>> sbfunc.Time(step=7, elapsed=0.25).as_tensors().step
+        tensor(7)
 
     References:
-        MosaicML Composer ``composer.core.Timestamp``.
+        MosaicML Composer ``composer.core.Timestamp``; JAX: a traced step reads its counters
+        from arrays, never from Python numbers.
     """
 
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    elapsed: float = 0.0
-    samples_forwarded: int = 0
-    samples_backpropagated: int = 0
+    step: Any = 0
+    epoch: Any = 0
+    batch_in_epoch: Any = 0
+    elapsed: Any = 0.0
+    samples_forwarded: Any = 0
+    samples_backpropagated: Any = 0
     updates_skipped: torch.Tensor | None = None
+    total_steps: Any = None
+    rows_nonfinite: torch.Tensor | None = None
 
+    def as_tensors(self, device: torch.device | str | None = None) -> Time:
+        """This time with every number as a 0-d tensor on ``device`` (``int64``, ``elapsed``
+        ``float32``; ``total_steps`` stays ``None`` when unknown): what ``apply`` reads. Two
+        small host-to-device copies."""
+        ints = torch.tensor(
+            [
+                self.step,
+                self.epoch,
+                self.batch_in_epoch,
+                self.samples_forwarded,
+                self.samples_backpropagated,
+                -1 if self.total_steps is None else self.total_steps,
+            ],
+            dtype=torch.int64,
+            device=device,
+        ).unbind()
+        zero = ints[0].new_zeros(())
+        return Time(
+            ints[0],
+            ints[1],
+            ints[2],
+            torch.tensor(self.elapsed, dtype=torch.float32, device=device),
+            ints[3],
+            ints[4],
+            zero if self.updates_skipped is None else self.updates_skipped,
+            None if self.total_steps is None else ints[5],
+            zero if self.rows_nonfinite is None else self.rows_nonfinite,
+        )
 
-class Clock(NamedTuple):
-    """The host clock as 0-d tensors, for tensor code inside the step.
-
-    Attributes:
-        step: ``int64``, :attr:`Time.step`.
-        epoch: ``int64``, :attr:`Time.epoch`.
-        elapsed: ``float32``, :attr:`Time.elapsed`.
-
-    Example:
-        >>> clock = sbfunc.Clock.of(sbfunc.Time(step=7, elapsed=0.25))
-        >>> clock.step, clock.elapsed
-        (tensor(7), tensor(0.2500))
-
-    References:
-        JAX: a traced step reads its counters from arrays, never from Python numbers.
-    """
-
-    step: torch.Tensor
-    epoch: torch.Tensor
-    elapsed: torch.Tensor
-
-    @staticmethod
-    def of(time: Time, device: torch.device | str | None = None) -> Clock:
-        """The clock of ``time`` on ``device`` (three small host-to-device copies)."""
-        return Clock(
-            torch.tensor(time.step, dtype=torch.int64, device=device),
-            torch.tensor(time.epoch, dtype=torch.int64, device=device),
-            torch.tensor(time.elapsed, dtype=torch.float32, device=device),
+    def advanced(self, *, forwarded: int, backpropagated: int) -> Time:
+        """The host time after one step that forwarded and backpropagated these rows."""
+        step = self.step + 1
+        total = self.total_steps
+        return self._replace(
+            step=step,
+            batch_in_epoch=self.batch_in_epoch + 1,
+            elapsed=self.elapsed if total is None else min(step / total, 1.0),
+            samples_forwarded=self.samples_forwarded + forwarded,
+            samples_backpropagated=self.samples_backpropagated + backpropagated,
         )
 
 
@@ -151,8 +175,7 @@ class State(NamedTuple):
         params: trainable tensors by name.
         buffers: non-trainable tensors by name.
         opt_state: the optimizer state.
-        time: the host :class:`Time` (for ``match``; inside ``apply`` read :attr:`clock`).
-        clock: the clock as tensors (``None`` outside a step when nothing needs it).
+        time: the :class:`Time`: Python numbers in ``match``, 0-d tensors in ``apply``.
         own: this algorithm's persistent state (its ``init(key)`` value, as last returned).
         scratch: this algorithm's per-batch state; ``None`` at the start of every step.
         matched: what this algorithm's ``match`` returned for this event (combinators return
@@ -181,7 +204,6 @@ class State(NamedTuple):
     buffers: Params = {}  # noqa: RUF012
     opt_state: Any = ()
     time: Time = Time()
-    clock: Clock | None = None
     own: Any = ()
     scratch: Any = None
     matched: Any = True

@@ -4,6 +4,7 @@ from sbfunc.step.build import make_train_step
 from sbfunc.step.evaluation import Evaluation, evaluate
 from sbfunc.step.gradients import weighted_mean
 from sbfunc.step.loop import Duration, FitResult, fit
+from sbfunc.step.sequence import NonFiniteRowsWarning
 from sbfunc.step.train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "Duration",
     "Evaluation",
     "FitResult",
+    "NonFiniteRowsWarning",
     "StepMetrics",
     "StepPlan",
     "TrainStep",

@@ -8,7 +8,7 @@ from sbfunc.batch import PerSample, check_per_sample, check_same_spec
 from sbfunc.engine import Algorithm
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, draws_randomness
-from sbfunc.optim import Optimizer
+from sbfunc.optim import GradientTransformation
 from sbfunc.step.microbatch import microbatching
 from sbfunc.step.train_step import NonFinite, TrainStep
 
@@ -17,7 +17,7 @@ __all__ = ["make_train_step"]
 
 def make_train_step(
     loss_fn: LossFn,
-    optimizer: Optimizer,
+    optimizer: GradientTransformation,
     algorithms: Sequence[Algorithm] = (),
     passes: Sequence[Pass] = DEFAULT_PASSES,
     *,
@@ -107,9 +107,20 @@ def make_train_step(
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):
         raise TypeError(
-            "optimizer must have init(params) and update(grads, state, params) -> "
-            f"(params, state), e.g. sbfunc.optim.adam(1e-3); got {type(optimizer).__name__}"
+            "optimizer must be a gradient transformation with init(params) and "
+            "update(grads, state, params) -> (updates, state), e.g. sbfunc.optim.adam(1e-3); "
+            f"got {type(optimizer).__name__}"
         )
+    if isinstance(loss_fn, ModuleLoss):
+        if loss_fn.train is False:
+            raise ValueError(
+                "loss_fn evaluates the model in eval mode (per_sample_loss(..., train=False)), "
+                "so the step would train without dropout and with BatchNorm frozen on its "
+                "running statistics; leave train at its default ('auto': the step trains in "
+                "train mode) or pass train=True"
+            )
+        if loss_fn.train == "auto":
+            loss_fn = loss_fn.with_train(True)
     algorithms = tuple(algorithms)
     for i, a in enumerate(algorithms):
         if not isinstance(a, Algorithm):
@@ -121,6 +132,7 @@ def make_train_step(
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
     check_same_spec(check_per_sample(per_sample), algorithms)
+    algorithms = tuple(a.bind(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
     split = microbatching(microbatches, microbatch_size)
     return TrainStep(
         loss_fn,

@@ -4,7 +4,7 @@ function, and the record of one evaluation."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import optree
@@ -12,7 +12,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
-from sbfunc.engine import Clock, Event, Run, TrainState, apply_planned, plan_event
+from sbfunc.engine import Carry, Event, State, TrainState, apply_planned
 
 if TYPE_CHECKING:
     from sbfunc.step.train_step import TrainStep
@@ -55,15 +55,28 @@ def _fire_on_batch(
 ) -> tuple[TrainState, Any, Any]:
     """Fire an evaluation batch event: the algorithms see (and may change) ``batch`` and
     ``outputs``; keys differ from batch to batch."""
-    run = Run.start(state, batch, None)._replace(outputs=outputs)
-    planned = plan_event(event, run, step.algorithms, step.passes)
+    planner = step.all_events
+    planned = planner.decide_event(event, state.time, state.algorithm_state)
     if not planned:
         return state, batch, outputs
-    clock = Clock.of(state.time, state.key.device)
-    step_key = sbrandom.fold_in(sbrandom.fold_in(state.key, clock.step), _EVAL_STREAM + index)
-    run = run._replace(clock=clock, step_key=step_key)
-    run = apply_planned(event, planned, run, step.algorithms, step.labels, step.streams)
-    return run.persistent(state.time), run.batch, run.outputs
+    time = state.time.as_tensors(state.key.device)
+    base = sbrandom.fold_in(sbrandom.fold_in(state.key, time.step), _EVAL_STREAM + index)
+    context = State(
+        None,  # type: ignore[arg-type]
+        state.params,
+        state.buffers,
+        state.opt_state,
+        time,
+        batch=batch,
+        outputs=outputs,
+    )
+    carry = Carry.start(state, context, len(planner.leaves))._replace(step_key=base)
+    carry = apply_planned(event, planned, carry, planner.leaves, state.key)
+    out = carry.context
+    new = TrainState(
+        out.params, out.buffers, state.key, out.opt_state, carry.algorithm_state, state.time
+    )
+    return new, out.batch, out.outputs
 
 
 def _weighted_add(total: Any, metrics: Any, rows: int) -> Any:
@@ -76,49 +89,9 @@ def _weighted_add(total: Any, metrics: Any, rows: int) -> Any:
     return optree.tree_map(lambda a, b: a + b, total, scaled)
 
 
-def evaluate(
-    step: TrainStep, state: TrainState, data: Iterable[Any], eval_fn: EvalFn
+def _evaluate_one(
+    step: TrainStep, state: TrainState, data: Iterable[Any], eval_fn: EvalFn, name: str | None
 ) -> tuple[TrainState, Any]:
-    """Evaluate ``state`` on ``data``, firing the evaluation events with ``step``'s algorithms.
-
-    Fires ``EVAL_BEFORE_ALL``, ``EVAL_START``, per batch ``EVAL_BATCH_START``,
-    ``EVAL_BEFORE_FORWARD`` (the algorithms may change the batch), ``eval_fn`` under
-    ``torch.no_grad()``, ``EVAL_AFTER_FORWARD`` (``outputs`` holds the batch's metrics, which
-    the algorithms may change) and ``EVAL_BATCH_END``, then ``EVAL_END`` and
-    ``EVAL_AFTER_ALL``. The state the events return is the state training continues from (an
-    algorithm that swaps weights in on ``EVAL_START`` must swap them back on ``EVAL_END``, as in
-    Composer). ``eval_fn`` must evaluate the model in eval mode, e.g. on a
-    ``sbfunc.per_sample_loss(..., train=False)``.
-
-    Args:
-        step: the training step (its algorithms and passes).
-        state: the state to evaluate.
-        data: an iterable of evaluation batches.
-        eval_fn: ``eval_fn(params, buffers, batch) -> metrics``, a pytree of per-batch means.
-
-    Returns:
-        ``(state, metrics)``: the metrics averaged over every row (batch means weighted by the
-        batch sizes), on the device.
-
-    Raises:
-        ValueError: if ``data`` yields no batch.
-
-    Example:
-        >>> model = torch.nn.Linear(2, 2)
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
-        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-        >>> state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
-        >>> data = [(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long)),
-        ...         (torch.zeros(1, 2), torch.ones(1, dtype=torch.long))]
-        >>> def accuracy(params, buffers, batch):
-        ...     return {"acc": (torch.ones(len(batch[1])) * (batch[1] == 0)).mean()}
-        >>> sbfunc.step.evaluate(step, state, data, accuracy)[1]
-        {'acc': tensor(0.7500)}
-
-    References:
-        MosaicML Composer ``Trainer._eval_loop`` and its ``EVAL_*`` events.
-    """
-    state, _ = step.fire(Event.EVAL_BEFORE_ALL, state)
     state, _ = step.fire(Event.EVAL_START, state)
     total: Any = None
     rows = 0
@@ -134,7 +107,68 @@ def evaluate(
         n = batch_size(batch)
         total, rows = _weighted_add(total, metrics, n), rows + n
     if rows == 0:
-        raise ValueError("eval_data yielded no batches (or only empty ones)")
+        where = "eval_data" if name is None else f"eval_data[{name!r}]"
+        raise ValueError(f"{where} yielded no batches (or only empty ones)")
     state, _ = step.fire(Event.EVAL_END, state)
-    state, _ = step.fire(Event.EVAL_AFTER_ALL, state)
     return state, optree.tree_map(lambda m: m / rows, total)
+
+
+def evaluate(
+    step: TrainStep,
+    state: TrainState,
+    data: Iterable[Any] | Mapping[str, Iterable[Any]],
+    eval_fn: EvalFn,
+) -> tuple[TrainState, Any]:
+    """Evaluate ``state`` on one or several evaluation sets, firing the evaluation events with
+    ``step``'s algorithms.
+
+    Fires ``EVAL_BEFORE_ALL``; then per evaluation set (Composer's evaluators) ``EVAL_START``,
+    per batch ``EVAL_BATCH_START``, ``EVAL_BEFORE_FORWARD`` (the algorithms may change the
+    batch), ``eval_fn`` under ``torch.no_grad()``, ``EVAL_AFTER_FORWARD`` (``outputs`` holds the
+    batch's metrics, which the algorithms may change) and ``EVAL_BATCH_END``, then
+    ``EVAL_END``; finally ``EVAL_AFTER_ALL``. The state the events return is the state training
+    continues from (an algorithm that swaps weights in on ``EVAL_START`` must swap them back on
+    ``EVAL_END``, as in Composer). ``eval_fn`` must not write the buffers: build it on
+    :func:`sbfunc.per_sample_loss` (which evaluates in eval mode when called directly).
+
+    Args:
+        step: the training step (its algorithms and their order).
+        state: the state to evaluate.
+        data: an iterable of evaluation batches, or a mapping ``name -> iterable`` of several
+            evaluation sets.
+        eval_fn: ``eval_fn(params, buffers, batch) -> metrics``, a pytree of per-batch means.
+
+    Returns:
+        ``(state, metrics)``: the metrics averaged over every row (batch means weighted by the
+        batch sizes), on the device; with a mapping, a dict of them by name.
+
+    Raises:
+        ValueError: if an evaluation set yields no batch, or the mapping is empty.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 2)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+        >>> state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+        >>> data = [(torch.zeros(3, 2), torch.zeros(3, dtype=torch.long)),
+        ...         (torch.zeros(1, 2), torch.ones(1, dtype=torch.long))]
+        >>> def accuracy(params, buffers, batch):
+        ...     return {"acc": (torch.ones(len(batch[1])) * (batch[1] == 0)).mean()}
+        >>> sbfunc.step.evaluate(step, state, data, accuracy)[1]
+        {'acc': tensor(0.7500)}
+        >>> sbfunc.step.evaluate(step, state, {"a": data, "b": data[1:]}, accuracy)[1]
+        {'a': {'acc': tensor(0.7500)}, 'b': {'acc': tensor(0.)}}
+
+    References:
+        MosaicML Composer ``Trainer._eval_loop``, ``Evaluator`` and the ``EVAL_*`` events.
+    """
+    several = isinstance(data, Mapping)
+    sets: dict[str | None, Iterable[Any]] = dict(data) if several else {None: data}  # type: ignore[arg-type]
+    if not sets:
+        raise ValueError("eval_data is an empty mapping; give at least one evaluation set")
+    state, _ = step.fire(Event.EVAL_BEFORE_ALL, state)
+    results: dict[str | None, Any] = {}
+    for name, batches in sets.items():
+        state, results[name] = _evaluate_one(step, state, batches, eval_fn, name)
+    state, _ = step.fire(Event.EVAL_AFTER_ALL, state)
+    return state, results if several else results[None]

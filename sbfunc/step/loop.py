@@ -4,7 +4,7 @@ checkpoints, elapsed time, progress and sample accounting."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -108,7 +108,7 @@ def fit(
     log_every: int = 10,
     stop_after: int | None = None,
     history: bool = True,
-    eval_data: Iterable[Any] | None = None,
+    eval_data: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
     eval_fn: EvalFn | None = None,
     eval_every: Duration | None = None,
     checkpoint: str | os.PathLike[str] | None = None,
@@ -129,19 +129,21 @@ def fit(
             EPOCH_END, [evaluation], EPOCH_CHECKPOINT
           ITERATION_END, ITERATION_CHECKPOINT
         FIT_END, [evaluation]
-        evaluation: EVAL_BEFORE_ALL, EVAL_START, per batch (EVAL_BATCH_START,
-          EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END), EVAL_END, EVAL_AFTER_ALL
+        evaluation: EVAL_BEFORE_ALL, per evaluation set: EVAL_START, per batch
+          (EVAL_BATCH_START, EVAL_BEFORE_FORWARD, EVAL_AFTER_FORWARD, EVAL_BATCH_END),
+          EVAL_END; then EVAL_AFTER_ALL
 
     Every call fires ``BEFORE_LOAD`` and ``AFTER_LOAD`` (a call is Composer's ``Trainer``
     construction plus ``fit``), around loading ``load_from`` into the shape of ``state`` when
     given. An iteration spans ``iteration_epochs`` epochs, or the whole run by default; the
     run's end also ends the last iteration (Composer never ends an iteration without a
     configured length). A run that ends mid-epoch (a duration in steps) ends neither the epoch
-    nor the iteration, as in Composer, and after the step that completes the duration no
-    ``BEFORE_DATALOADER`` fires.
+    nor the iteration and fetches no further batch, as in Composer; a run that ends with an
+    epoch still makes the fetch that finds that epoch's data exhausted.
 
-    Before every step ``time.elapsed`` is set to ``steps_done / total_steps`` (a fraction in
-    [0, 1]); when an epoch ends ``EPOCH_END`` fires, then ``time.epoch`` is incremented and
+    ``fit`` sets ``time.total_steps`` to the run's length, so every step advances
+    ``time.elapsed`` to ``steps_done / total_steps`` (a fraction in [0, 1]); when an epoch
+    ends ``EPOCH_END`` fires, then ``time.epoch`` is incremented and
     ``time.batch_in_epoch`` reset. A state loaded from a checkpoint resumes where it stopped:
     finished epochs and the batches already seen in the current one are skipped (without
     events), so a resumed run fires the same events and ends in the same state as an
@@ -168,7 +170,10 @@ def fit(
     Selective methods change what progress means, so the progress bar and ``state.time``
     report forward samples (scoring + training forwards) and backpropagated samples separately.
     Reading the loss for the bar is a host sync; it happens every ``log_every`` steps and at
-    the end only, and never with ``progress=False``.
+    the end only, and never with ``progress=False``. Rows left out of updates because their
+    input or loss was not finite are counted in ``time.rows_nonfinite``; ``fit`` reads that
+    count where it reads metrics anyway (at the bar's updates and once at the end of the call)
+    and warns once (:class:`sbfunc.step.NonFiniteRowsWarning`) when it grew.
 
     Args:
         step: from :func:`sbfunc.make_train_step` (or ``torch.compile`` of one).
@@ -190,7 +195,9 @@ def fit(
             continues exactly as if never stopped.
         history: keep every step's :class:`StepMetrics` (their loss tensors stay alive);
             ``False`` keeps none.
-        eval_data: a re-iterable of evaluation batches.
+        eval_data: a re-iterable of evaluation batches, or a mapping ``name -> re-iterable``
+            of several evaluation sets (Composer's evaluators: ``EVAL_START``/``EVAL_END``
+            fire once per set, and the metrics are a dict by name).
         eval_fn: ``eval_fn(params, buffers, batch) -> metrics`` (required with ``eval_data``).
         eval_every: a :class:`Duration` in epochs or steps (default ``Duration(epochs=1)``).
         checkpoint: where to save checkpoints (see above).
@@ -255,7 +262,10 @@ def fit(
     if load_from is not None and not isinstance(load_from, str | os.PathLike):
         raise TypeError(f"load_from must be a path or None, got {type(load_from).__name__}")
 
+    state = state.replace(time=state.time._replace(total_steps=total))  # loads into it too
     state = load(step, state, load_from)
+    t = state.time
+    state = state.replace(time=t._replace(total_steps=total, elapsed=min(t.step / total, 1.0)))
     state = step.fire(Event.FIT_START, state)[0]
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
     loop = Loop(
@@ -271,7 +281,9 @@ def fit(
         bar=bar,
         log_every=log_every if progress else None,
     )
+    loop.check_rows(state)  # the count when the call starts (one read)
     state = loop.run(state)
+    loop.check_rows(state)
     if progress and loop.last is not None and state.time.step % log_every != 0:
         postfix(bar, state, loop.last)  # the final numbers, not those of the last refresh
     bar.close()
@@ -285,8 +297,10 @@ def fit(
 
 
 def _eval_config(
-    data: Iterable[Any] | None, eval_fn: EvalFn | None, every: Duration | None
-) -> tuple[Iterable[Any], EvalFn, tuple[str, int]] | None:
+    data: Iterable[Any] | Mapping[str, Iterable[Any]] | None,
+    eval_fn: EvalFn | None,
+    every: Duration | None,
+) -> tuple[Any, EvalFn, tuple[str, int]] | None:
     if data is None:
         if eval_fn is not None or every is not None:
             raise ValueError("eval_fn and eval_every need eval_data")

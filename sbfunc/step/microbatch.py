@@ -23,17 +23,15 @@ static shapes (one graph per kept count, as without microbatching).
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import batch_size, take
-from sbfunc.engine import Event, Run
+from sbfunc.batch import PerSample, batch_size, take
+from sbfunc.engine import Carry, Event
 from sbfunc.module import Params
-
-if TYPE_CHECKING:
-    from sbfunc.step.train_step import StepPlan, TrainStep
+from sbfunc.step.objective import Fire, Objective
 
 __all__ = ["Microbatching", "accumulate", "microbatching"]
 
@@ -120,65 +118,87 @@ def _joined(outputs: list[object]) -> torch.Tensor | None:
 
 
 def accumulate(
-    step: TrainStep, plan: StepPlan, run: Run, split: Microbatching
-) -> tuple[Run, Params, torch.Tensor, int]:
-    """Forward, loss and gradient of the kept batch of ``run`` chunk by chunk (see the module
-    docs); fires ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` per chunk.
+    objective: Objective,
+    fire: Fire,
+    carry: Carry,
+    split: Microbatching | None,
+    *,
+    per_sample: PerSample,
+    inside: bool,
+    model_key: torch.Tensor | None,
+    ok: torch.Tensor | None,
+) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
+    """Forward, loss and gradient of the carried batch, chunk by chunk when ``split`` says so
+    (see the module docs); fires ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` per chunk.
 
     Args:
-        step: the training step (its ``_loss_and_grads`` and its events).
-        plan: the step's plan.
-        run: the run after ``BEFORE_FORWARD``.
-        split: how to split the kept rows.
+        objective: the step's :class:`~sbfunc.step.objective.Objective`.
+        fire: applies one event's planned algorithms to a carry.
+        carry: the carry after ``BEFORE_FORWARD``.
+        split: how to split the kept rows (``None``: one chunk).
+        per_sample: the batch's per-sample spec.
+        inside: whether algorithms run on ``AFTER_FORWARD``/``BEFORE_LOSS``.
+        model_key: the key of the model's randomness in this step, or ``None``.
+        ok: the rows whose inputs are finite, or ``None``.
 
     Returns:
-        ``(run, grads, loss, rows)``: the run with the whole kept batch and weights back, the
-        concatenated per-sample losses (and outputs) and the last chunk's buffers; the
-        accumulated gradient; the whole batch's weighted mean loss; the number of rows
-        backpropagated.
+        ``(carry, grads, loss, used, rows)``: the carry with the whole kept batch and weights
+        back, the concatenated per-sample losses (and outputs) and the last chunk's buffers;
+        the accumulated gradient; the whole batch's weighted mean loss; the rows the loss
+        used (``None`` when not masking); the number of rows backpropagated.
     """
-    batch, weights = run.batch, run.sample_weights
-    rows = batch_size(batch, per_sample=step.per_sample)
-    sizes = split.sizes(rows)
+    context = carry.context
+    batch, weights = context.batch, context.sample_weights
+    rows = batch_size(batch, per_sample=per_sample)
+    sizes = () if split is None else split.sizes(rows)
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
-        run, grads, loss = step._loss_and_grads(plan, run)
-        rows = batch_size(run.batch, per_sample=step.per_sample)
-        run = step._fire(plan, Event.AFTER_LOSS, run)
-        return step._fire(plan, Event.BEFORE_BACKWARD, run), grads, loss, rows
-    base_key = run.step_key
-    device = run.key.device
+        carry, grads, loss, used = objective(
+            carry, fire, inside=inside, model_key=model_key, ok=ok
+        )
+        rows = batch_size(carry.context.batch, per_sample=per_sample)
+        carry = fire(Event.AFTER_LOSS, carry)
+        return fire(Event.BEFORE_BACKWARD, carry), grads, loss, used, rows
+    device = (
+        carry.context.params[next(iter(carry.context.params))].device if context.params else None
+    )
     total: Params | None = None
     loss_sum: torch.Tensor | None = None
     losses: list[torch.Tensor] = []
     outputs: list[object] = []
+    masks: list[torch.Tensor] = []
     start = 0
     for c, n in enumerate(sizes):
-        chunk = take(
-            batch, torch.arange(start, start + n, device=device), per_sample=step.per_sample
-        )
+        index = torch.arange(start, start + n, device=device)
+        chunk = take(batch, index, per_sample=per_sample)
         w = None if weights is None else weights[start : start + n]
-        key = base_key
-        if base_key is not None and c > 0:  # chunk 0 keeps the step's keys
-            key = sbrandom.fold_in(base_key, _CHUNK_STREAM + c)
-        run = run._replace(
-            batch=chunk, sample_weights=w, outputs=None, loss=None, losses=None, step_key=key
+        key = model_key
+        if model_key is not None and c > 0:  # chunk 0 keeps the step's model key
+            key = sbrandom.fold_in(model_key, _CHUNK_STREAM + c)
+        ctx = carry.context._replace(
+            batch=chunk, sample_weights=w, outputs=None, loss=None, losses=None
         )
-        run, grads, loss = step._loss_and_grads(plan, run)
-        run = step._fire(plan, Event.AFTER_LOSS, run)
-        run = step._fire(plan, Event.BEFORE_BACKWARD, run)
+        part = None if ok is None else ok[start : start + n]
+        carry, grads, loss, used = objective(
+            carry._replace(context=ctx), fire, inside=inside, model_key=key, ok=part
+        )
+        carry = fire(Event.AFTER_LOSS, carry)
+        carry = fire(Event.BEFORE_BACKWARD, carry)
         share = n / rows
         total = _scaled_sum(total, grads, share)
         loss_sum = loss * share if loss_sum is None else loss_sum + loss * share
-        losses.append(run.losses if run.losses is not None else loss.new_zeros(0))
-        outputs.append(run.outputs)
+        ctx = carry.context
+        losses.append(ctx.losses if ctx.losses is not None else loss.new_zeros(0))
+        outputs.append(ctx.outputs)
+        if used is not None:
+            masks.append(used)
         start += n
     assert total is not None and loss_sum is not None
-    run = run._replace(
+    ctx = carry.context._replace(
         batch=batch,
         sample_weights=weights,
         outputs=_joined(outputs),
         loss=loss_sum,
         losses=torch.cat(losses),
-        step_key=base_key,
     )
-    return run, total, loss_sum, rows
+    used_all = torch.cat(masks) if masks else None
+    return carry._replace(context=ctx), total, loss_sum, used_all, rows

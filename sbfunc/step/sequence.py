@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -11,7 +12,7 @@ from sbfunc.engine import Event, TrainState
 from sbfunc.step.evaluation import EvalFn, Evaluation, evaluate
 from sbfunc.step.train_step import StepMetrics, TrainStep
 
-__all__ = ["Data", "Loop", "epoch_batches", "load", "postfix"]
+__all__ = ["Data", "Loop", "NonFiniteRowsWarning", "epoch_batches", "load", "postfix"]
 
 Data = Iterable[Any] | Callable[[int], Iterable[Any]]
 """Training data: a re-iterable of batches or a function ``epoch -> iterable``."""
@@ -25,6 +26,15 @@ def epoch_batches(data: Data, epoch: int) -> Iterable[Any]:
 _END = object()  # the data ran out
 
 
+class NonFiniteRowsWarning(UserWarning):
+    """:func:`sbfunc.fit` left training rows with a non-finite input or loss out of updates.
+
+    Example:
+        >>> issubclass(sbfunc.step.NonFiniteRowsWarning, UserWarning)
+        True
+    """
+
+
 class Loop:
     """One call's loop: configuration, the progress bar and what the call collects."""
 
@@ -36,7 +46,7 @@ class Loop:
         total: int,
         limit: int,
         *,
-        eval_on: tuple[Iterable[Any], EvalFn, tuple[str, int]] | None,
+        eval_on: tuple[Any, EvalFn, tuple[str, int]] | None,
         save_on: tuple[str, tuple[str, int]] | None,
         iteration_epochs: int | None,
         history: bool,
@@ -51,6 +61,26 @@ class Loop:
         self.kept: list[StepMetrics] = []
         self.evaluations: list[Evaluation] = []
         self.last: StepMetrics | None = None
+        self.rows_seen: int | None = None  # rows_nonfinite when last read (a host sync)
+
+    def check_rows(self, state: TrainState) -> None:
+        """Warn once per call when rows with a non-finite input or loss were left out since the
+        last read. Reads a device counter: only where the loop reads metrics anyway."""
+        count = state.time.rows_nonfinite
+        if count is None:
+            return
+        seen, now = self.rows_seen, int(count)
+        self.rows_seen = now
+        if seen is not None and now > seen and not getattr(self, "warned", False):
+            self.warned = True
+            warnings.warn(
+                f"{now - seen} training rows had a non-finite input or loss by step "
+                f"{state.time.step} and were left out of their updates (state.time."
+                "rows_nonfinite counts them); check the data, or pass nonfinite='raise' to "
+                "make_train_step to stop at the first one",
+                NonFiniteRowsWarning,
+                stacklevel=4,
+            )
 
     def fire(self, event: Event, state: TrainState) -> TrainState:
         """``event`` through the step's algorithms and passes."""
@@ -61,9 +91,9 @@ class Loop:
         while True:
             t = state.time
             if t.step >= self.limit:
-                if t.batch_in_epoch >= self.spe:  # the last batch also ended the epoch
-                    if t.step < self.total:  # stopped early: the full run fetches once more
-                        state = self.fire(Event.BEFORE_DATALOADER, state)
+                if t.batch_in_epoch >= self.spe:  # the last batch also ended the epoch:
+                    # the fetch that finds the epoch's data exhausted (Composer fires it too)
+                    state = self.fire(Event.BEFORE_DATALOADER, state)
                     state = self.close_epoch(state)
                 return state
             if t.batch_in_epoch == 0:  # a resumed state is mid-epoch: its START events fired
@@ -98,7 +128,6 @@ class Loop:
 
     def train(self, state: TrainState, batch: Any) -> TrainState:
         """One step, then evaluation and ``BATCH_CHECKPOINT`` when due."""
-        state = state.replace(time=state.time._replace(elapsed=state.time.step / self.total))
         state, self.last = self.step(state, batch)
         if self.history:
             self.kept.append(self.last)
@@ -106,6 +135,7 @@ class Loop:
         t = state.time
         if self.log_every is not None and t.step % self.log_every == 0:
             postfix(self.bar, state, self.last)
+            self.check_rows(state)
         if self.eval_on is not None and _due(self.eval_on[2], "steps", t.step):
             state = self.evaluate(state, Event.BATCH_END)
         state = self.fire(Event.BATCH_CHECKPOINT, state)

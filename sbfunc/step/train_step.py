@@ -1,20 +1,23 @@
 """The pure training step: host decisions, then one traceable core, then the host clock.
 
 ``step(state, batch)`` runs in three parts. :meth:`TrainStep.plan` decides on the host which
-algorithms run on each of the 11 per-batch events (``match`` and the passes, from
-``state.time``) and makes the clock tensors. :meth:`TrainStep.core` does all the tensor work
-(the algorithms' ``apply``, forward, loss, gradients, optimizer update, the non-finite guard)
-and reads no Python number that changes from step to step, so ``torch.compile`` turns it into
-one graph per plan (``fullgraph=True`` compiles it alone). :meth:`TrainStep.finish` advances
-the host :class:`~sbfunc.Time`. ``plan`` and ``finish`` are excluded from compilation, so
-``torch.compile(step)`` compiles the core and recompiles only when the plan changes (Selective
-Backprop on or off): a fixed, small number of graphs over a whole run. Compiled, a text field
-(a list of strings) reaches the core as row indices (:func:`sbfunc.batch.strings_as_row_indices`).
+algorithms run on each of the 11 per-batch events (``match`` once per algorithm and event it
+listens to, from ``state.time``; the order was fixed when the step was built, and plans are
+cached by their decisions) and makes the time tensors. :meth:`TrainStep.core` does all the
+tensor work (the algorithms' ``apply``, forward, loss, gradients, the gradient transform and
+its update, the non-finite guard) and reads no Python number that changes from step to step.
+:meth:`TrainStep.finish` advances the host :class:`~sbfunc.Time`.
+
+Under ``torch.compile(step)`` only the core is traced: ``forward`` itself is skipped by the
+compiler (``torch.compiler.disable(recursive=False)``) and its host parts run as plain Python,
+so a step costs one compiled-frame call (one cache lookup of the core's guards; two with
+``fullgraph=True``, whose wrapper frame is checked too) and one graph per plan (Selective
+Backprop on or off). A text field (a list of strings) reaches the compiled core as row indices
+(:func:`sbfunc.batch.strings_as_row_indices`), so new strings never recompile it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import types
 import zlib
 from collections.abc import Sequence
@@ -27,34 +30,24 @@ from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size, strings_as_row_indices
 from sbfunc.engine import (
     Algorithm,
-    Clock,
+    Carry,
     Event,
-    Planned,
-    Run,
+    Plan,
+    Planner,
+    State,
     Time,
     Trace,
     TrainState,
-    apply_planned,
-    plan_event,
-    run_event,
     stream_ids,
-    trace_labels,
 )
 from sbfunc.engine.ordering import Pass
-from sbfunc.engine.run import match_view
-from sbfunc.module import LossFn, ModuleLoss, Params
-from sbfunc.optim import Optimizer
-from sbfunc.step.gradients import (
-    all_finite,
-    check_losses,
-    detach_tensors,
-    differentiate,
-    fresh_buffers,
-    keep_if_finite,
-    tracing,
-    weighted_mean,
-)
+from sbfunc.engine.run import apply_planned, run_event, step_key
+from sbfunc.module import LossFn, Params
+from sbfunc.optim import GradientTransformation, apply_updates
+from sbfunc.step.gradients import all_finite, keep_if_finite, tracing
 from sbfunc.step.microbatch import Microbatching, accumulate
+from sbfunc.step.nonfinite import finite_rows, zero_rows
+from sbfunc.step.objective import Objective
 
 __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
 
@@ -73,12 +66,10 @@ BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` docum
 )
 """The per-batch events, in Composer's order, that one training step fires."""
 
-_INDEX = {e: i for i, e in enumerate(BATCH_EVENTS)}
-_AFTER_UPDATE = frozenset({Event.AFTER_TRAIN_BATCH, Event.BATCH_END})
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
 NonFinite = Literal["skip", "raise", "allow"]
-_untraced_strings = torch.compiler.disable(strings_as_row_indices)
+_get_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: None)
 
 
 class StepMetrics(NamedTuple):
@@ -93,6 +84,8 @@ class StepMetrics(NamedTuple):
         skipped: a 0-d bool tensor: the update did not reach the parameters (a non-finite
             loss or gradient, or no row left to train on).
         traces: the engine's traces of every event of the step, in order.
+        rows_nonfinite: a 0-d ``int64`` tensor: rows left out of the update because their
+            input or loss was not finite (``None`` with ``nonfinite="allow"``).
 
     Example:
         >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
@@ -108,19 +101,20 @@ class StepMetrics(NamedTuple):
     samples_backpropagated: int
     skipped: torch.Tensor
     traces: tuple[Trace, ...]
+    rows_nonfinite: torch.Tensor | None = None
 
 
 class StepPlan(NamedTuple):
     """The host decisions of one step (see :meth:`TrainStep.plan`).
 
     Attributes:
-        events: per event of :data:`BATCH_EVENTS`, the planned ``(position, decision)`` pairs.
-        clock: the clock as tensors, or ``None`` when no algorithm and no model randomness
-            needs it.
+        events: the planned applications of every per-batch event.
+        time: the step-start time as tensors (what ``apply`` reads), or ``None`` when no
+            algorithm and no model randomness needs it.
     """
 
-    events: tuple[Planned, ...]
-    clock: Clock | None
+    events: Plan
+    time: Time | None
 
 
 class _Out(NamedTuple):
@@ -129,6 +123,7 @@ class _Out(NamedTuple):
     samples_backpropagated: int
     skipped: torch.Tensor
     updates_skipped: torch.Tensor
+    rows_nonfinite: torch.Tensor | None
 
 
 class TrainStep(nn.Module):
@@ -150,10 +145,14 @@ class TrainStep(nn.Module):
         MosaicML Composer ``Engine`` and ``Trainer``; ``jax.jit(train_step)``.
     """
 
+    collective: bool = False
+    """Whether a batch left with zero rows still makes the step (data parallelism: another
+    rank may have rows, and the gradient transform's collective must run on every rank)."""
+
     def __init__(
         self,
         loss_fn: LossFn,
-        optimizer: Optimizer,
+        optimizer: GradientTransformation,
         algorithms: Sequence[Algorithm],
         passes: Sequence[Pass],
         nonfinite: NonFinite,
@@ -171,30 +170,37 @@ class TrainStep(nn.Module):
         self.passes = tuple(passes)
         self.nonfinite = nonfinite
         self.keyed_model = keyed_model
-        self.labels = trace_labels(self.algorithms)
-        self.streams = stream_ids([a.name for a in self.algorithms])
-        # torch.compile caches graphs per code object: this step's own copies of the traced
-        # methods keep several compiled steps in one process out of each other's cache entries
+        self.planner = Planner(self.algorithms, self.passes, BATCH_EVENTS)
+        self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
+        self.leaves = self.planner.leaves
+        self.objective = Objective(loss_fn, per_sample, nonfinite != "allow")
+        self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
+        # torch.compile caches graphs per code object: this step's own copy of the traced core
+        # keeps several compiled steps in one process out of each other's cache entries
         # (otherwise every call checks the guards of every step's entries).
-        for name in ("forward", "core"):
-            fn = getattr(type(self), name)
-            own = types.FunctionType(
-                fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__
-            )
-            setattr(self, name, types.MethodType(own, self))
+        fn = type(self).core
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+        self.core = types.MethodType(own, self)  # type: ignore[method-assign]
+        self._host_plan = torch.compiler.disable(self.plan)
+        self._host_finish = torch.compiler.disable(self.finish)
 
-    def init(self, params: Params, buffers: Params, *, key: torch.Tensor) -> TrainState:
-        """The initial :class:`~sbfunc.TrainState`: the optimizer's and every algorithm's
-        initial state, time zero; then ``INIT`` fires.
+    def init(
+        self, params: Params, buffers: Params, *, key: torch.Tensor, total_steps: int | None = None
+    ) -> TrainState:
+        """The initial :class:`~sbfunc.TrainState`: the gradient transform's and every
+        algorithm's initial state, time zero; then ``INIT`` fires.
 
         Args:
             params: trainable tensors by name (copied into a new dict).
             buffers: non-trainable tensors by name (copied into a new dict).
             key: the run's root :mod:`sbfunc.random` key; every random draw derives from it.
+            total_steps: the run's length in steps, so ``time.elapsed`` advances in a
+                hand-written loop (:func:`sbfunc.fit` sets it itself); ``None``: unknown.
 
         Raises:
             TypeError: if ``key`` is not a key or ``params``/``buffers`` are not dicts of
                 tensors.
+            ValueError: if ``total_steps`` is not a positive int.
         """
         sbrandom.check_key(key, "key")
         for arg, value in (("params", params), ("buffers", buffers)):
@@ -205,7 +211,13 @@ class TrainStep(nn.Module):
                     f"{arg} must be a dict of name -> tensor (sbfunc.split_module), got "
                     f"{type(value).__name__}"
                 )
+        if total_steps is not None:
+            from sbfunc.validation import check_int
+
+            total_steps = check_int(total_steps, "total_steps", low=1)
         init_key = sbrandom.fold_in(key, _INIT_STREAM)
+        streams = stream_ids([a.name for a in self.algorithms])
+        zero = torch.zeros((), dtype=torch.int64, device=key.device)
         state = TrainState(
             params=dict(params),
             buffers=dict(buffers),
@@ -213,32 +225,34 @@ class TrainStep(nn.Module):
             opt_state=self.optimizer.init(dict(params)),
             algorithm_state=tuple(
                 alg.init(sbrandom.fold_in(init_key, s))
-                for alg, s in zip(self.algorithms, self.streams, strict=True)
+                for alg, s in zip(self.algorithms, streams, strict=True)
             ),
-            time=Time(updates_skipped=torch.zeros((), dtype=torch.int64, device=key.device)),
+            time=Time(updates_skipped=zero, total_steps=total_steps, rows_nonfinite=zero),
         )
         return self.fire(Event.INIT, state)[0]
 
     def fire(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
         """Run one event outside the step (``INIT``, ``EPOCH_END``, ...) with this step's
-        algorithms and passes (see :func:`sbfunc.run_event`)."""
-        return run_event(event, state, self.algorithms, self.passes)
+        algorithms and order (see :func:`sbfunc.run_event`)."""
+        return run_event(event, state, self.algorithms, self.passes, planner=self.all_events)
 
+    @torch.compiler.disable(recursive=False)
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
-        if torch.compiler.is_compiling():  # host parts excluded from the graph
-            batch = _untraced_strings(batch, per_sample=self.per_sample)  # no string guards
-            plan = torch.compiler.disable(self.plan)(state, batch)
-            run, out = self.core(plan, state, batch)
-            return torch.compiler.disable(self.finish)(state, run, out)
-        plan = self.plan(state, batch)  # eagerly: no compiler wrappers on the way
-        run, out = self.core(plan, state, batch)
-        return self.finish(state, run, out)
+        if _get_callback() is None:  # eagerly: no compiler wrappers on the way
+            plan = self.plan(state, batch)
+            carry, out = self.core(plan, state, batch)
+            return self.finish(state, carry, out)
+        # Under torch.compile only ``core`` is traced; the host parts run uncompiled.
+        batch = _host_strings(batch, per_sample=self.per_sample)  # no string guards
+        plan = self._host_plan(state, batch)
+        carry, out = self.core(plan, state, batch)
+        return self._host_finish(state, carry, out)
 
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
-        """Decide every per-batch event on the host (``match`` and passes, from
-        ``state.time``; events after the update see ``step`` and ``batch_in_epoch`` advanced)
-        and make the clock tensors. Excluded from ``torch.compile``."""
+        """Decide every per-batch event on the host (``match`` from ``state.time``; events
+        after the update see ``step`` and ``batch_in_epoch`` advanced) and make the time
+        tensors. Excluded from ``torch.compile``."""
         if not isinstance(state, TrainState):
             raise TypeError(
                 f"state must be an sbfunc.TrainState (from step.init), got {type(state).__name__}"
@@ -249,61 +263,103 @@ class TrainStep(nn.Module):
                 f"step's {len(self.algorithms)} algorithms; build the state with step.init"
             )
         time = state.time
-        if not self.algorithms:
-            events: tuple[Planned, ...] = ((),) * len(BATCH_EVENTS)
-        else:
-            run = Run.start(state, batch, None)
-            after = time._replace(step=time.step + 1, batch_in_epoch=time.batch_in_epoch + 1)
-            n = range(len(self.algorithms))
-            now, later = ([match_view(run, i, t) for i in n] for t in (time, after))
-            algs, passes = self.algorithms, self.passes
-            events = tuple(
-                plan_event(e, run, algs, passes, views=later if e in _AFTER_UPDATE else now)
-                for e in BATCH_EVENTS
+        if self.uses_elapsed and time.total_steps is None:
+            raise ValueError(
+                f"{', '.join(self.uses_elapsed)} decide from time.elapsed (the fraction of "
+                "training done), which needs the run's length: build the state with "
+                "step.init(..., total_steps=N), or train with sbfunc.fit, which sets it"
             )
-        need_clock = self.keyed_model or any(events)
-        return StepPlan(events, Clock.of(time, state.key.device) if need_clock else None)
+        device = state.key.device
+        if not self.leaves:
+            return StepPlan(
+                self.planner.empty, time.as_tensors(device) if self.keyed_model else None
+            )
+        after = time._replace(step=time.step + 1, batch_in_epoch=time.batch_in_epoch + 1)
+        events = self.planner.decide(time, state.algorithm_state, after)
+        need_time = self.keyed_model or bool(events)
+        return StepPlan(events, time.as_tensors(device) if need_time else None)
 
-    def _fire(self, plan: StepPlan, event: Event, run: Run) -> Run:
-        planned = plan.events[_INDEX[event]]
+    def _fire(self, plan: StepPlan, event: Event, carry: Carry, root: torch.Tensor) -> Carry:
+        planned = self.planner.planned(plan.events, event)
         if not planned:
-            return run
-        return apply_planned(event, planned, run, self.algorithms, self.labels, self.streams)
+            return carry
+        return apply_planned(event, planned, carry, self.leaves, root)
 
-    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Run, _Out]:
+    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, _Out]:
         """The tensor work of one step under ``plan``; compiles with ``fullgraph=True`` for
-        fixed-size selections. Returns the run (the new persistent values) and the outputs."""
-        run = Run.start(state, batch, plan.clock)
-        if plan.clock is not None:  # every key of the step derives from the step-start clock
-            run = run._replace(step_key=sbrandom.fold_in(state.key, plan.clock.step))
+        fixed-size selections. Returns the carry (the new persistent values) and the outputs."""
+        root = state.key
+        time = plan.time
+        context = State(
+            None,
+            state.params,
+            state.buffers,
+            state.opt_state,
+            time,
+            batch=batch,  # type: ignore[arg-type]
+        )
+        carry = Carry(context, state.algorithm_state, (None,) * len(self.leaves))
+        if time is not None:  # every key of the step derives from the step-start time
+            carry = carry._replace(step_key=step_key(root, time.step))
+
+        def fire(event: Event, c: Carry) -> Carry:
+            return self._fire(plan, event, c, root)
+
         n_in = batch_size(batch, per_sample=self.per_sample)
         for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
-            run = self._fire(plan, event, run)
+            carry = fire(event, carry)
         skipped_so_far = state.time.updates_skipped
         if skipped_so_far is None:
-            skipped_so_far = torch.zeros((), dtype=torch.int64, device=state.key.device)
-        n_kept = batch_size(run.batch, per_sample=self.per_sample)
-        if n_kept == 0 and not self.data_parallel:  # every row left: no update
-            if run.clock is not None:
-                run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
-            run = self._fire(plan, Event.BATCH_END, run)
+            skipped_so_far = torch.zeros((), dtype=torch.int64, device=root.device)
+        ok = None
+        if self.nonfinite != "allow":  # a corrupt row costs one row (sbfunc.step.nonfinite)
+            ok = finite_rows(carry.context.batch, per_sample=self.per_sample)
+            if ok is not None:
+                masked = zero_rows(carry.context.batch, ok, per_sample=self.per_sample)
+                carry = carry._replace(context=carry.context._replace(batch=masked))
+        n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
+        if n_kept == 0 and not self.collective:  # every row left: no update
+            carry = _advance(carry)
+            carry = fire(Event.BATCH_END, carry)
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
-            return run, _Out(nan, n_in, 0, done, skipped_so_far + 1)
-        if self.microbatching is None:
-            run, grads, loss = self._loss_and_grads(plan, run)
-            n_bwd = batch_size(run.batch, per_sample=self.per_sample)
-            run = self._fire(plan, Event.AFTER_LOSS, run)
-            run = self._fire(plan, Event.BEFORE_BACKWARD, run)
-        else:  # the kept rows in chunks, gradients accumulated (sbfunc.step.microbatch)
-            run, grads, loss, n_bwd = accumulate(self, plan, run, self.microbatching)
-        run, grads, loss, apply = self.synchronize(run, grads, loss, n_bwd)
-        run = self._fire(plan, Event.AFTER_BACKWARD, run._replace(grads=grads))
-        grads = grads if run.grads is None else run.grads
-        params, opt_state = self.optimizer.update(grads, run.opt_state, run.params)
+            bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
+            return carry, _Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
+        model_key = None
+        if self.keyed_model:
+            assert carry.step_key is not None
+            model_key = self.model_key(carry.step_key)
+        inside = bool(
+            self.planner.planned(plan.events, Event.AFTER_FORWARD)
+            or self.planner.planned(plan.events, Event.BEFORE_LOSS)
+        )
+        if n_kept == 0:  # no row here, the others may have some: contribute nothing
+            grads = {k: torch.zeros_like(v) for k, v in carry.context.params.items()}
+            loss = torch.zeros((), device=root.device)
+            context = carry.context._replace(loss=loss, losses=loss.new_zeros(0), outputs=None)
+            carry, used, n_bwd = carry._replace(context=context), None, 0
+        else:
+            carry, grads, loss, used, n_bwd = accumulate(
+                self.objective,
+                fire,
+                carry,
+                self.microbatching,
+                per_sample=self.per_sample,
+                inside=inside,
+                model_key=model_key,
+                ok=ok,
+            )
+        carry, grads, loss, apply = self.synchronize(carry, grads, loss, n_bwd)
+        context = carry.context._replace(grads=grads)
+        carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
+        context = carry.context
+        grads = grads if context.grads is None else context.grads
+        updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
+        params = apply_updates(context.params, updates)
         checked = None if self.nonfinite == "allow" else all_finite(loss, grads)
         if apply is not None:
             checked = apply if checked is None else checked & apply
+        buffers = context.buffers
         if checked is None:
             finite = torch.ones((), dtype=torch.bool, device=loss.device)
         else:
@@ -312,97 +368,86 @@ class TrainStep(nn.Module):
                 # Eagerly on the CPU the flag is a host value already (no device to sync):
                 # branch instead of one torch.where per tensor.
                 if not finite:
-                    params, opt_state = run.params, run.opt_state
-                    run = run._replace(buffers=state.buffers)
+                    params, opt_state, buffers = context.params, context.opt_state, state.buffers
             else:
-                params = keep_if_finite(finite, params, run.params)
-                opt_state = keep_if_finite(finite, opt_state, run.opt_state)
-                run = run._replace(buffers=keep_if_finite(finite, run.buffers, state.buffers))
-        run = run._replace(params=params, opt_state=opt_state)
-        if run.clock is not None:  # the update is done: the clock shows the next step
-            run = run._replace(clock=run.clock._replace(step=run.clock.step + 1))
-        run = self._fire(plan, Event.AFTER_TRAIN_BATCH, run)
-        run = self._fire(plan, Event.BATCH_END, run)
-        return run, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long())
+                params = keep_if_finite(finite, params, context.params)
+                opt_state = keep_if_finite(finite, opt_state, context.opt_state)
+                buffers = keep_if_finite(finite, buffers, state.buffers)
+        context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
+        carry = _advance(carry._replace(context=context))
+        carry = fire(Event.AFTER_TRAIN_BATCH, carry)
+        carry = fire(Event.BATCH_END, carry)
+        bad = None if used is None else (~used).sum() + (n_in - used.shape[0])
+        if bad is None and self.nonfinite != "allow":
+            bad = skipped_so_far.new_zeros(())
+        return carry, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)
 
-    # Hooks for data parallelism (sbfunc.distributed.DataParallelStep overrides them).
-    data_parallel: bool = False
-    """Whether a batch left with zero rows still makes the step (another rank may have rows)."""
-
-    def model_key(self, step_key: torch.Tensor) -> torch.Tensor:
+    def model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
-        return sbrandom.fold_in(step_key, _MODEL_STREAM)
+        return sbrandom.fold_in(base, _MODEL_STREAM)
 
     def synchronize(
-        self, run: Run, grads: Params, loss: torch.Tensor, rows: int
-    ) -> tuple[Run, Params, torch.Tensor, torch.Tensor | None]:
+        self, carry: Carry, grads: Params, loss: torch.Tensor, rows: int
+    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
         """Combine ``grads`` and ``loss`` (of this process's ``rows`` rows) with the other
         processes' before ``AFTER_BACKWARD``; the identity here. The last value, a 0-d bool
         tensor or ``None``, says whether to apply the update (``None``: decide as usual)."""
-        return run, grads, loss, None
+        return carry, grads, loss, None
 
-    def _loss_and_grads(self, plan: StepPlan, run: Run) -> tuple[Run, Params, torch.Tensor]:
-        loss_fn = self.loss_fn
-        staged = isinstance(loss_fn, ModuleLoss)
-        buffers = run.buffers
-        model_key = None
-        if self.keyed_model:
-            assert run.step_key is not None
-            model_key = self.model_key(run.step_key)
-
-        def randomness() -> contextlib.AbstractContextManager[Any]:
-            return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)
-
-        def objective(p: Params) -> tuple[torch.Tensor, tuple[Params, Run, torch.Tensor]]:
-            b, r = fresh_buffers(buffers), run
-            if isinstance(loss_fn, ModuleLoss):
-                with randomness():
-                    r = r._replace(outputs=loss_fn.forward(p, b, r.batch))
-            r = self._fire(plan, Event.AFTER_FORWARD, r)
-            r = self._fire(plan, Event.BEFORE_LOSS, r)
-            if isinstance(loss_fn, ModuleLoss):
-                losses = loss_fn.criterion(r.outputs, r.batch)
-            else:
-                with randomness():
-                    losses = loss_fn(p, b, r.batch)
-            check_losses(losses, batch_size(r.batch, per_sample=self.per_sample))
-            # The host clock stays out of the aux: its Python numbers would become constants
-            # of a compiled graph (and recompile it every step).
-            return weighted_mean(losses, r.sample_weights), (b, r._replace(time=Time()), losses)
-
-        time = run.time
-        inside = plan.events[_INDEX[Event.AFTER_FORWARD]] or plan.events[_INDEX[Event.BEFORE_LOSS]]
-        grads, loss, (new_buffers, run, losses) = differentiate(
-            objective, run.params, detach_aux=False
-        )
-        # Eagerly the aux may carry autograd history: the outputs always, anything else only
-        # when algorithms ran inside the objective (buffers update under no_grad).
-        run = detach_tensors(run) if inside else run._replace(outputs=detach_tensors(run.outputs))
-        run = run._replace(buffers=new_buffers, loss=loss, losses=losses.detach(), time=time)
-        if not staged:
-            run = run._replace(outputs=None)
-        return run, grads, loss
-
-    def finish(self, state: TrainState, run: Run, out: _Out) -> tuple[TrainState, StepMetrics]:
+    def finish(self, state: TrainState, carry: Carry, out: _Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
-        if self.nonfinite == "raise" and bool(out.skipped) and out.samples_backpropagated > 0:
+        if self.nonfinite == "raise" and out.samples_backpropagated > 0 and bool(out.skipped):
             raise FloatingPointError(
                 f"step {state.time.step}: the loss or a gradient is not finite (loss "
                 f"{float(out.loss)}); the update was not applied. Pass nonfinite='skip' to "
                 "make_train_step to skip such updates and count them instead"
             )
-        t = state.time
-        time = t._replace(
-            step=t.step + 1,
-            batch_in_epoch=t.batch_in_epoch + 1,
-            samples_forwarded=t.samples_forwarded
-            + out.samples_backpropagated
-            + run.samples_scored,
-            samples_backpropagated=t.samples_backpropagated + out.samples_backpropagated,
-            updates_skipped=out.updates_skipped,
+        if self.nonfinite == "raise" and out.rows_nonfinite is not None:
+            bad = int(out.rows_nonfinite)
+            if bad:
+                raise FloatingPointError(
+                    f"step {state.time.step}: {bad} of {out.samples_in_batch} rows have a "
+                    "non-finite input or loss. Pass nonfinite='skip' to make_train_step to leave "
+                    "such rows out of the update and count them instead"
+                )
+        context = carry.context
+        scored = context.samples_scored
+        time = state.time.advanced(
+            forwarded=out.samples_backpropagated + scored,
+            backpropagated=out.samples_backpropagated,
         )
+        rows_bad = time.rows_nonfinite
+        if out.rows_nonfinite is not None and rows_bad is not None:
+            rows_bad = rows_bad + out.rows_nonfinite
+        time = time._replace(updates_skipped=out.updates_skipped, rows_nonfinite=rows_bad)
         metrics = StepMetrics(
-            out.loss, out.samples_in_batch, out.samples_backpropagated, out.skipped, run.traces
+            out.loss,
+            out.samples_in_batch,
+            out.samples_backpropagated,
+            out.skipped,
+            carry.traces,
+            out.rows_nonfinite,
         )
-        return run.persistent(time), metrics
+        new = TrainState(
+            context.params,
+            context.buffers,
+            state.key,
+            context.opt_state,
+            carry.algorithm_state,
+            time,
+        )
+        return new, metrics
+
+
+def _advance(carry: Carry) -> Carry:
+    """The carry after the update: the time shows the next step."""
+    context = carry.context
+    t = context.time
+    if t is None:
+        return carry
+    t = t._replace(step=t.step + 1, batch_in_epoch=t.batch_in_epoch + 1)
+    return carry._replace(context=context._replace(time=t))
+
+
+_host_strings = torch.compiler.disable(strings_as_row_indices)

@@ -7,7 +7,7 @@ from typing import Any
 
 from sbfunc.engine.algorithm import Algorithm, ApplyResult
 from sbfunc.engine.events import Event
-from sbfunc.engine.run import Trace, trace_labels
+from sbfunc.engine.trace import Trace, trace_labels
 from sbfunc.engine.state import State
 
 __all__ = ["Toy", "applied"]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 import sbfunc
 from sbfunc import checkpoint
-from sbfunc.engine import Clock, Event, State, Time, TrainState, chain, named_chain
+from sbfunc.engine import Event, State, Time, TrainState, chain, named_chain
 from sbfunc.testing import Toy, linear_loss, states, train_states
 from tests.helpers import assert_identical
 
@@ -56,14 +56,24 @@ def test_the_train_state_holds_only_what_persists():
     assert per_batch <= set(State._fields) and not per_batch & set(TrainState._fields)
 
 
-def test_clock_mirrors_the_host_time():
-    clock = Clock.of(Time(step=7, epoch=2, elapsed=0.25))
+def test_time_as_tensors_mirrors_the_host_time():
+    host = Time(step=7, epoch=2, batch_in_epoch=3, elapsed=0.25, total_steps=28)
+    clock = host.as_tensors()
     assert (clock.step.dtype, clock.epoch.dtype, clock.elapsed.dtype) == (
         torch.int64,
         torch.int64,
         torch.float32,
     )
     assert (int(clock.step), int(clock.epoch), float(clock.elapsed)) == (7, 2, 0.25)
+    assert (int(clock.batch_in_epoch), int(clock.total_steps)) == (3, 28)
+    assert Time().as_tensors().total_steps is None  # unknown length stays unknown
+
+
+def test_time_advances_elapsed_from_the_run_length():
+    t = Time(step=2, total_steps=4).advanced(forwarded=8, backpropagated=4)
+    assert (t.step, t.batch_in_epoch, t.elapsed) == (3, 1, 0.75)
+    assert (t.samples_forwarded, t.samples_backpropagated) == (8, 4)
+    assert Time(step=2).advanced(forwarded=0, backpropagated=0).elapsed == 0.0
 
 
 def test_init_copies_inputs_and_mirrors_the_algorithm_list():

@@ -1,0 +1,75 @@
+"""A corrupt row costs one row: find the rows whose inputs are not finite and neutralise them.
+
+One row of NaNs in an input poisons every gradient it touches (``0 * nan`` is ``nan`` in the
+backward of a matrix product), so masking its loss is not enough: the step zeroes the row's
+floating-point inputs before the forward and gives the row zero weight in the loss, so the
+update equals the update on the finite rows alone (for models whose rows do not interact;
+a train-mode BatchNorm still sees the zeroed row in its batch statistics). Shapes stay static
+and nothing syncs. Rows whose *loss* is not finite (finite inputs) are left out of the loss in
+the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sbfunc.rows import PerSample, walk
+
+__all__ = ["finite_rows", "zero_rows"]
+
+
+def _float_rows(leaf: Any, size: int | None) -> bool:
+    return size is not None and isinstance(leaf, torch.Tensor) and leaf.is_floating_point()
+
+
+def finite_rows(batch: Any, *, per_sample: PerSample = None) -> torch.Tensor | None:
+    """``Tensor[N]`` of bools: every floating-point per-sample tensor of the row is finite.
+
+    Args:
+        batch: any pytree batch.
+        per_sample: which leaves are per-sample (:data:`sbfunc.batch.PerSample`).
+
+    Returns:
+        The mask, or ``None`` when the batch has no floating-point per-sample tensor.
+
+    Example:
+        >>> from sbfunc.step.nonfinite import finite_rows
+        >>> finite_rows((torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]), torch.tensor([0, 1])))
+        tensor([ True, False])
+    """
+    found: list[torch.Tensor] = []
+
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        if _float_rows(leaf, size):
+            finite = torch.isfinite(leaf)
+            found.append(finite.flatten(1).all(1) if leaf.dim() > 1 else finite)
+        return leaf
+
+    walk(batch, per_sample, visit, rebuild=False)
+    if not found:
+        return None
+    ok = found[0]
+    for more in found[1:]:
+        ok = ok & more
+    return ok
+
+
+def zero_rows(batch: Any, ok: torch.Tensor, *, per_sample: PerSample = None) -> Any:
+    """``batch`` with the rows where ``ok`` is false zeroed in every floating-point per-sample
+    tensor (a new batch; the input is not modified).
+
+    Example:
+        >>> from sbfunc.step.nonfinite import zero_rows
+        >>> zero_rows((torch.tensor([[1.0], [float("inf")]]),), torch.tensor([True, False]))
+        (tensor([[1.], [0.]]),)
+    """
+
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        if not _float_rows(leaf, size):
+            return leaf
+        mask = ok.reshape(-1, *([1] * (leaf.dim() - 1)))
+        return torch.where(mask, leaf, leaf.new_zeros(()))
+
+    return walk(batch, per_sample, visit, rebuild=True)
