@@ -7,7 +7,7 @@ elements, ``1`` for ``"sum"``):
 
 * cross-entropy (softmax over dim 1, per position): ``H = w (diag(p) - p p^T)``; exact square
   root ``sqrt(w) (diag(sqrt p) - p sqrt(p)^T)``, sampled ``sqrt(w) (onehot(y~) - p)`` with
-  ``y~ ~ Categorical(p)`` (a Gumbel-max draw);
+  ``y~ ~ Categorical(p)`` (by inversion of one uniform);
 * mean squared error: ``H = 2 w I``; ``sqrt(2 w) I``, sampled ``sqrt(2 w) eps`` with
   ``eps ~ N(0, I)``;
 * binary cross-entropy with logits: ``H = w diag(s (1 - s))``, ``s = sigmoid(f)``;
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sbfunc.random import Key, gumbel, normal, uniform
+from sbfunc.random import Key, split, uniform
 
 __all__ = [
     "Kind",
@@ -178,10 +178,31 @@ def sqrt_hessian(kind: Kind, out: torch.Tensor, weight: float) -> torch.Tensor:
     return torch.diag_embed(diag).permute(2, 0, 1).reshape(k, m, *out.shape[1:])
 
 
+_HOST_DRAWS = 64  # up to this many uniforms, the cipher runs on host ints (per-op overhead)
+
+
+def _uniform(k: Key, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Uniforms in ``[0, 1)``: ``sbfunc.random.uniform`` (hundreds of small tensor ops, about a
+    millisecond on a CPU), or for a few numbers on a host key the children of
+    ``sbfunc.random.split`` (the cipher on Python ints, tens of microseconds per number), their
+    random words read as the float's mantissa."""
+    count = math.prod(shape)
+    if count > _HOST_DRAWS or k.device.type != "cpu":
+        return uniform(k, shape, dtype=like.dtype, device=like.device)
+    words = split(k, count)  # [count, 2] of independent 32-bit words
+    if like.dtype == torch.float64:
+        bits = (words[:, 0] << 20) | (words[:, 1] >> 12)
+        u = bits.to(torch.float64) * 2.0**-52
+    else:
+        u = (words[:, 0] >> 9).to(torch.float64) * 2.0**-23
+    return u.to(dtype=like.dtype, device=like.device).reshape(shape)
+
+
 def draw_noise(kind: Kind, k: Key, mc_samples: int, like: torch.Tensor, s: int) -> torch.Tensor:
-    """The noise behind :func:`sampled_sqrt` for all ``s`` selected samples at once (so the
-    result does not depend on how the samples are chunked): Gumbel noise for cross-entropy,
-    standard normal for MSE, uniform for BCE, of shape ``[M, s, *out]``.
+    """The uniforms behind :func:`sampled_sqrt` for all ``s`` selected samples at once (so the
+    result does not depend on how the samples are chunked): one per draw, of shape
+    ``[M, s, *D]`` for cross-entropy (``D``: the positions after the class axis) and
+    ``[M, s, *out]`` otherwise.
 
     Args:
         kind: the criterion.
@@ -191,7 +212,7 @@ def draw_noise(kind: Kind, k: Key, mc_samples: int, like: torch.Tensor, s: int) 
         s: the number of selected samples.
 
     Returns:
-        ``Tensor[M, s, *out]``.
+        Uniforms in ``[0, 1)``.
 
     Example:
         >>> from sbfunc.per_sample.loss_hessian import draw_noise
@@ -201,9 +222,8 @@ def draw_noise(kind: Kind, k: Key, mc_samples: int, like: torch.Tensor, s: int) 
     References:
         JAX ``jax.random`` (explicit keys, one draw per shape).
     """
-    shape = (mc_samples, s, *like.shape[1:])
-    draw = {"cross_entropy": gumbel, "mse": normal, "bce_with_logits": uniform}[kind]
-    return draw(k, shape, dtype=like.dtype, device=like.device)
+    per_sample = like.shape[2:] if kind == "cross_entropy" else like.shape[1:]
+    return _uniform(k, (mc_samples, s, *per_sample), like)
 
 
 def sampled_sqrt(
@@ -216,7 +236,7 @@ def sampled_sqrt(
         kind: the criterion.
         out: the (detached) model output ``[m, *out]``.
         weight: the element weight (:func:`element_weight`).
-        noise: this chunk's slice of :func:`draw_noise`, ``[M, m, *out]``.
+        noise: this chunk's slice of :func:`draw_noise`, ``[M, m, ...]``.
 
     Returns:
         ``V`` of shape ``[M, m, *out]``.
@@ -230,16 +250,22 @@ def sampled_sqrt(
 
     References:
         Dangel et al. 2020, "BackPACK" (``SqrtGGNMC``); Martens 2014, "New insights and
-        perspectives on the natural gradient method" (sampled Fisher).
+        perspectives on the natural gradient method" (sampled Fisher); Devroye 1986,
+        "Non-Uniform Random Variate Generation" (inversion).
     """
     scale = math.sqrt(weight / noise.shape[0])
     if kind == "cross_entropy":
-        logp = out.log_softmax(1)
-        drawn = (logp + noise).argmax(2)  # [M, m, *D]: Gumbel-max, a categorical draw
-        onehot = F.one_hot(drawn, out.shape[1]).movedim(-1, 2).to(out.dtype)
-        return (onehot - logp.exp()) * scale
+        p = _positions(out).softmax(1)  # [m, C, D]
+        cdf = p.transpose(1, 2).cumsum(-1)  # [m, D, C]
+        u = noise.reshape(noise.shape[0], out.shape[0], -1).permute(1, 2, 0)  # [m, D, M]
+        drawn = torch.searchsorted(cdf.contiguous(), u.contiguous() * cdf[..., -1:], right=True)
+        drawn = drawn.clamp_max(out.shape[1] - 1).permute(2, 0, 1)  # [M, m, D]: inversion
+        onehot = F.one_hot(drawn, out.shape[1]).movedim(-1, 2).to(out.dtype)  # [M, m, C, D]
+        return ((onehot - p) * scale).reshape(noise.shape[0], *out.shape)
     if kind == "mse":
-        return noise * (scale * math.sqrt(2.0))
+        low = -1.0 + torch.finfo(noise.dtype).eps
+        eps = torch.erfinv((noise * 2 - 1).clamp_min(low)) * math.sqrt(2.0)  # N(0, 1)
+        return eps * (scale * math.sqrt(2.0))
     s = out.sigmoid()
     return ((noise < s).to(out.dtype) - s) * scale
 
