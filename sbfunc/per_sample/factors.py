@@ -124,8 +124,10 @@ def _chunk(
     calls = [call for call in rec.calls if call.weight in covered or call.bias in covered]
     res: Params = {}
     if calls:
-        grads = _backward(out, [call.output for call in calls], v)
-        for call, g in zip(calls, grads, strict=True):
+        grads: list[torch.Tensor | None] = list(_backward(out, [c.output for c in calls], v))
+        for i, call in enumerate(calls):  # in call order, each [R, m, *out] freed once used
+            g, grads[i] = grads[i], None
+            assert g is not None
             layer, g = call.contraction, g.flatten(0, 1).detach()
             if call.weight in covered:
                 res[call.weight] = _weight_factors(layer, g, r)
