@@ -373,6 +373,8 @@ class Alibi(Algorithm, Surgery):
             module, self.max_sequence_length, position_embeddings=self.position_embeddings
         )
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER and self.scaling != 1.0
 

@@ -300,6 +300,8 @@ class ImageAugmentation(Algorithm):
     def transform(self, images: torch.Tensor, *, key: sbrandom.Key) -> torch.Tensor:
         """The augmented images."""
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 

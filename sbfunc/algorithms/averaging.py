@@ -89,6 +89,9 @@ class _Averaging(Algorithm):
     def init(self, key: Any) -> None:
         return None  # filled on INIT, from the parameters
 
+    events = frozenset({Event.INIT, Event.BATCH_END, Event.EPOCH_END})
+    uses_elapsed = True
+
     def match(self, event: Event, state: State) -> bool:
         if event == Event.INIT:
             return True

@@ -245,6 +245,8 @@ class BlurPool(Algorithm):
             min_channels=self.min_channels,
         )
 
+    events = frozenset()
+
     def match(self, event: Event, state: State) -> bool:
         return False
 

@@ -92,6 +92,8 @@ class ChannelsLast(Algorithm):
 
     uses_key = False  # deterministic: the engine derives no key for it
 
+    events = frozenset({Event.INIT})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.INIT
 

@@ -150,6 +150,8 @@ class ColOut(Algorithm):
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 

@@ -42,6 +42,8 @@ class CutOut(Algorithm):
         self.uniform_sampling = check_bool(uniform_sampling, "uniform_sampling")
         self.input = check_field("input", input)
 
+    events = frozenset({Event.AFTER_DATALOADER})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_DATALOADER
 
@@ -88,6 +90,8 @@ class MixUp(Algorithm):
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
 
@@ -131,6 +135,8 @@ class LabelSmoothing(Algorithm):
         self.smoothing = check_fraction(smoothing, "smoothing")
         self.num_classes = check_int(num_classes, "num_classes", low=1)
         self.target = check_field("target", target)
+
+    events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
     def match(self, event: Event, state: State) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)

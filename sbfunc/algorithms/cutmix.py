@@ -172,6 +172,8 @@ class CutMix(Algorithm):
         self.input = check_field("input", input)
         self.target = check_field("target", target)
 
+    events = frozenset({Event.BEFORE_FORWARD})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BEFORE_FORWARD
 

@@ -139,6 +139,9 @@ class LayerFreezing(Algorithm):
         fraction = freeze_fraction(elapsed, self.freeze_start, self.freeze_level)
         return freeze_depth(len(self.layers), fraction)
 
+    events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH})
+    uses_elapsed = True
+
     def match(self, event: Event, state: State) -> int:
         if event not in (Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH):
             return 0

@@ -236,6 +236,9 @@ class ProgressiveResizing(Algorithm):
         new = round(width * scale / inc) * inc
         return min(width, max(inc, new)) / width
 
+    events = frozenset({Event.AFTER_DATALOADER})
+    uses_elapsed = True
+
     def match(self, event: Event, state: State) -> float | bool:
         if event != Event.AFTER_DATALOADER:
             return False

@@ -130,6 +130,8 @@ class SAM(Algorithm):
             keyed = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
         self.keyed = check_bool(keyed, "keyed")
 
+    events = frozenset({Event.AFTER_BACKWARD})
+
     def match(self, event: Event, state: State) -> bool:
         return event == Event.AFTER_BACKWARD and (state.time.step + 1) % self.interval == 0
 

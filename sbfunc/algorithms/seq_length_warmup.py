@@ -243,6 +243,9 @@ class SeqLengthWarmup(Algorithm):
             step_size=self.step_size,
         )
 
+    events = frozenset({Event.AFTER_DATALOADER})
+    uses_elapsed = True
+
     def match(self, event: Event, state: State) -> int | bool:
         return self.length(state.time.elapsed) if event == Event.AFTER_DATALOADER else False
 

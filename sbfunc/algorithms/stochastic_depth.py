@@ -161,8 +161,8 @@ class StochasticDepth(Algorithm, Surgery):
 
     ``model = sd(model)`` applies :func:`apply_stochastic_depth`; list ``sd`` among the step's
     algorithms when ``drop_warmup > 0``: on ``BATCH_START`` it sets every branch's warm-up
-    factor to ``min(1, elapsed / drop_warmup)`` (computed from ``state.time`` as tensors, so the step
-    compiles once), so the rates grow linearly to their full value over that fraction of
+    factor to ``min(1, elapsed / drop_warmup)`` (computed from ``state.time`` as tensors, so
+    the step compiles once), so the rates grow linearly to their full value over that fraction of
     training. Without warm-up it matches no event. Unlike Composer, the warm-up also works
     with ``"sample"`` and ends exactly at the full rate.
 
@@ -179,7 +179,7 @@ class StochasticDepth(Algorithm, Surgery):
         >>> net = sd(torch.nn.Sequential(torch.nn.Linear(2, 2)))
         >>> _, buffers = sbfunc.split_module(net)
         >>> state = sbfunc.State(sbfunc.random.key(0), buffers=buffers,
-        ...                      clock=sbfunc.Clock.of(sbfunc.Time(elapsed=0.25)))
+        ...                      time=sbfunc.Time(elapsed=0.25))
         >>> sd.apply(sbfunc.Event.BATCH_START, state).buffers["0.stochastic_depth_scale"]
         tensor(0.5000)
 
@@ -207,6 +207,9 @@ class StochasticDepth(Algorithm, Surgery):
         return apply_stochastic_depth(
             module, self.target, self.method, self.drop_rate, self.distribution, scale=start
         )
+
+    events = frozenset({Event.BATCH_START})
+    uses_elapsed = True
 
     def match(self, event: Event, state: State) -> bool:
         return event == Event.BATCH_START and self.drop_warmup > 0

@@ -56,10 +56,12 @@ def _run(algorithms, elapsed, opt):
     model = _net()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(loss_fn, opt, algorithms)
-    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    state = step.init(
+        *sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0), total_steps=len(elapsed)
+    )
     start = state.params
     g = torch.Generator().manual_seed(0)
-    for t in elapsed:
+    for t in elapsed:  # chosen fractions (the step's own would be i / len(elapsed))
         state = state.replace(time=state.time._replace(elapsed=t))
         batch = (torch.randn(6, 4, generator=g), torch.randint(0, 3, (6,), generator=g))
         state, _ = step(state, batch)

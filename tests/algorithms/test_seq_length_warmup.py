@@ -92,7 +92,9 @@ def test_algorithm_decides_on_the_host_and_truncates():
         warmup.match(E.AFTER_DATALOADER, state.replace(time=sbfunc.Time(elapsed=t)))
         for t in (0.0, 0.2, 0.4, 0.5, 0.9)
     ]
-    assert decisions == [4, 8, 12, False, False]
+    # match decides from the time alone (the target length); apply leaves shorter rows alone
+    assert decisions == [4, 8, 12, 16, 16]
+    assert warmup.apply(E.AFTER_DATALOADER, state.replace(matched=16)) == state.replace(matched=16)
     assert not warmup.match(E.BEFORE_FORWARD, state)
     out = warmup.apply(E.AFTER_DATALOADER, state.replace(matched=8)).batch
     assert out["input_ids"].shape == (3, 8)
@@ -116,10 +118,8 @@ def test_pass_puts_sequence_length_first_before_sample_selection(algs, event, k,
     assert sorted(map(id, out)) == sorted(map(id, algs))  # a permutation
     listed = [id(a) for a in algs if a.changes_sequence_length]  # warmups and flagged toys
     assert sorted(id(a) for a in out[: len(listed)]) == sorted(listed)  # first, as a group
-    if not any(a.fuses_layernorm or a.selects_samples for a in out[: len(listed)]):
-        assert [id(a) for a in out[: len(listed)]] == listed  # in list order
+    assert [id(a) for a in out[: len(listed)]] == listed  # in list order
     assert [id(a) for a in out[len(listed) :]] == [id(a) for a in default]  # others as by default
-    assert sbfunc.passes.sort_sequence_length_first(algs, event) is not algs
 
 
 def test_selective_backprop_scores_the_warmed_up_rows():
@@ -140,7 +140,9 @@ def test_selective_backprop_scores_the_warmed_up_rows():
         seen.append(tuple(batch["input_ids"].shape))
         return inner(params, buffers, batch)
 
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, loss_fn=score)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+    )
     warmup = SeqLengthWarmup(duration=1.0, min_seq_length=4, max_seq_length=16, step_size=4)
     train = sbfunc.per_sample_loss(
         model, F.cross_entropy, input="input_ids", target="label", train=True

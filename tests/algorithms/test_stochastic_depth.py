@@ -86,10 +86,11 @@ def test_eval_scales_the_branch_and_rates_follow_the_distribution():
 def _train(model, algorithms, steps=3, key=0):
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms, keyed_model=True)
-    state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(key))
+    state = step.init(
+        *sbfunc.split_module(model, clone=True), key=sbrandom.key(key), total_steps=steps
+    )
     g = torch.Generator().manual_seed(0)
-    for t in range(steps):
-        state = state.replace(time=state.time._replace(elapsed=t / steps))
+    for _ in range(steps):  # the step advances time.elapsed: t / steps before step t
         state, _ = step(
             state, (torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
         )
@@ -113,8 +114,7 @@ def test_a_keyed_step_is_reproducible_and_warms_the_rate_up():
 def test_warmup_factor(elapsed, warmup):
     sd = StochasticDepth(_is_branch, drop_warmup=warmup)
     _, buffers = sbfunc.split_module(sd(_net(depth=2)))
-    clock = sbfunc.Clock.of(sbfunc.Time(elapsed=elapsed))
-    state = sbfunc.State(sbrandom.key(0), buffers=buffers, clock=clock)
+    state = sbfunc.State(sbrandom.key(0), buffers=buffers, time=sbfunc.Time(elapsed=elapsed))
     assert sd.match(sbfunc.Event.BATCH_START, state)
     out = sd.apply(sbfunc.Event.BATCH_START, state).buffers
     scales = [v for k, v in out.items() if k.endswith("stochastic_depth_scale")]
@@ -134,6 +134,6 @@ def test_errors():
     with pytest.raises(ValueError, match="matches no module"):
         apply_stochastic_depth(_net(), ["nope"])
     sd = StochasticDepth(_is_branch, drop_warmup=0.5)
-    state = sbfunc.State(sbrandom.key(0), buffers={}, clock=sbfunc.Clock.of(sbfunc.Time()))
+    state = sbfunc.State(sbrandom.key(0), buffers={}, time=sbfunc.Time())
     with pytest.raises(RuntimeError, match="apply the surgery first"):
         sd.apply(sbfunc.Event.BATCH_START, state)
