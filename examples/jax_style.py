@@ -111,9 +111,7 @@ def main() -> None:
 
     # 3. What it cost and what it learned.
     with torch.no_grad():
-        logits = torch.func.functional_call(
-            model.eval(), (final.params, final.buffers), (data.x_test,)
-        )
+        logits = sbfunc.predict(model, final.params, final.buffers, data.x_test)  # eval mode
     acc = float((logits.argmax(1) == data.y_test).float().mean())
     t = final.time
     print(f"test accuracy: {acc:.3f}")
