@@ -1,20 +1,29 @@
-"""Pure optimizers on torch's own foreach kernels, and schedules of their hyperparameters.
+"""Gradient transformations on torch's own foreach kernels, optimizers built from them, and
+schedules of their hyperparameters.
 
-``opt = sbfunc.optim.adam(1e-3)``; ``state = opt.init(params)``;
-``new_params, new_state = opt.update(grads, state, params)``. Parameters and gradients are
-``dict[str, Tensor]``; ``update`` returns the new parameters (one fused foreach kernel per
-quantity, as ``torch.optim`` does) and never modifies its inputs. The numbers match
-``torch.optim.SGD``/``Adam``/``AdamW`` and Composer's ``DecoupledSGDW``/``DecoupledAdamW``.
-A learning rate (or weight decay) may be a schedule, a function of the state's step count
-evaluated with tensor ops, so a compiled step compiles once.
+optax's design: ``opt = sbfunc.optim.adam(1e-3)``; ``state = opt.init(params)``;
+``updates, state = opt.update(grads, state, params)``;
+``params = sbfunc.optim.apply_updates(params, updates)``. Parameters, gradients and updates are
+``dict[str, Tensor]``; a :class:`GradientTransformation` maps gradients to updates and never
+modifies its inputs, and :func:`chain` composes them (the state is the tuple of the parts'
+states). :func:`sgd`, :func:`adam`, :func:`adamw`, :func:`decoupled_sgdw` and
+:func:`decoupled_adamw` are such chains: their states equal ``torch.optim.SGD``/``Adam``/
+``AdamW``'s and Composer's ``DecoupledSGDW``/``DecoupledAdamW``'s bit for bit, and so do the
+parameters of ``adam`` (see each function for the others' last rounding). A learning rate (or
+weight decay) may be a schedule, a function of the state's step count evaluated with tensor ops,
+so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updates) and
+:func:`multi_steps` (gradient accumulation) wrap a transformation.
 
 ``update`` is differentiable (torch.func can differentiate through it); call it under
 ``torch.no_grad()`` when the parameters require grad and no gradient through the step is wanted.
 """
 
-from sbfunc.optim._adam import AdamState, adam, adamw, decoupled_adamw
-from sbfunc.optim._base import Optimizer
+from sbfunc.optim._accumulate import MultiStepsState, multi_steps
+from sbfunc.optim._adam import adam, adamw, decoupled_adamw
+from sbfunc.optim._base import EmptyState, GradientTransformation, apply_updates, chain
+from sbfunc.optim._finite import ApplyIfFiniteState, all_finite, apply_if_finite, keep_if_finite
 from sbfunc.optim._join import join_schedules, warmup_cosine_decay_schedule
+from sbfunc.optim._moments import ScaleByAdamState, TraceState, scale_by_adam, trace
 from sbfunc.optim._schedules import (
     Schedule,
     constant_schedule,
@@ -23,23 +32,52 @@ from sbfunc.optim._schedules import (
     linear_schedule,
     piecewise_constant_schedule,
 )
-from sbfunc.optim._sgd import SGDState, decoupled_sgdw, sgd
+from sbfunc.optim._sgd import decoupled_sgdw, sgd
+from sbfunc.optim._transforms import (
+    ScaleByScheduleState,
+    add_decayed_weights,
+    clip_by_global_norm,
+    decoupled_weight_decay,
+    scale,
+    scale_by_learning_rate,
+)
+
+Optimizer = GradientTransformation
+"""The former name of :class:`GradientTransformation` (kept for the type hints that use it)."""
 
 __all__ = [
-    "AdamState",
+    "ApplyIfFiniteState",
+    "EmptyState",
+    "GradientTransformation",
+    "MultiStepsState",
     "Optimizer",
-    "SGDState",
+    "ScaleByAdamState",
+    "ScaleByScheduleState",
     "Schedule",
+    "TraceState",
     "adam",
     "adamw",
+    "add_decayed_weights",
+    "all_finite",
+    "apply_if_finite",
+    "apply_updates",
+    "chain",
+    "clip_by_global_norm",
     "constant_schedule",
     "cosine_decay_schedule",
     "decoupled_adamw",
     "decoupled_sgdw",
+    "decoupled_weight_decay",
     "exponential_decay",
     "join_schedules",
+    "keep_if_finite",
     "linear_schedule",
+    "multi_steps",
     "piecewise_constant_schedule",
+    "scale",
+    "scale_by_adam",
+    "scale_by_learning_rate",
     "sgd",
+    "trace",
     "warmup_cosine_decay_schedule",
 ]

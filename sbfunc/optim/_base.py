@@ -1,4 +1,5 @@
-"""The optimizer type and the foreach helpers the optimizers share."""
+"""The gradient-transformation type, ``chain`` and ``apply_updates``, and the foreach helpers
+the transforms share."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ import torch
 from sbfunc.module import Params
 from sbfunc.optim._checks import describe
 from sbfunc.optim._schedules import value_at
-from sbfunc.validation import check_real
 
 __all__ = [
-    "Hyperparams",
-    "Optimizer",
+    "EmptyState",
+    "GradientTransformation",
     "Scalar",
-    "axpy",
+    "Transform",
+    "apply_updates",
+    "by_group",
+    "chain",
     "check_grads",
-    "check_initial_lr",
-    "decoupled_decay",
-    "groups",
     "is_zero",
     "on",
     "resolve",
@@ -32,56 +32,200 @@ Scalar = float | torch.Tensor
 """A hyperparameter's value in one step: a Python float, or a 0-d float64 tensor."""
 
 
-class Optimizer(NamedTuple):
-    """An optimizer as two pure functions: ``init(params)`` and ``update(grads, state,
-    params)``.
+class GradientTransformation(NamedTuple):
+    """A gradient transformation as two pure functions, optax's ``GradientTransformation``.
 
-    ``new_params, new_state = update(grads, state, params)`` returns the *new parameters*
-    (not optax-style deltas) and the next state; it never modifies ``grads``, ``state`` or
-    ``params``. States are NamedTuples of tensors and of dicts of tensors keyed like
-    ``params``, with a fixed structure from ``init`` on (they checkpoint against a fresh
-    ``init(params)`` and compile once), and a 0-d int64 ``count`` of the steps taken.
+    ``state = init(params)``; ``updates, state = update(updates, state, params=None)`` maps
+    gradients (or the updates of an earlier transformation) to updates, which
+    :func:`apply_updates` adds to the parameters. ``update`` never modifies its inputs. States
+    are NamedTuples of tensors and of dicts of tensors keyed like ``params`` (a :func:`chain`'s
+    is the tuple of its parts' states), with a fixed structure from ``init`` on: they
+    checkpoint against a fresh ``init(params)``, and step counts are 0-d int64 tensors, so a
+    compiled update compiles once.
 
     Attributes:
         init: ``params -> state``.
-        update: ``(grads, state, params) -> (new_params, new_state)``; ``grads`` has the keys
-            of ``params``.
+        update: ``(updates, state, params=None) -> (updates, state)``; ``updates`` has the
+            keys of ``params``; ``params`` is needed by the transformations that read the
+            parameters (weight decay).
 
     Example:
         >>> from sbfunc import optim
         >>> opt = optim.sgd(0.1)
         >>> params = {"w": torch.ones(2)}
-        >>> new_params, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
-        >>> new_params["w"], state.count
-        (tensor([0.9000, 0.9000]), tensor(1))
+        >>> updates, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
+        >>> updates["w"], optim.apply_updates(params, updates)["w"]
+        (tensor([-0.1000, -0.1000]), tensor([0.9000, 0.9000]))
         >>> opt
         sgd(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, maximize=False)
 
     References:
-        DeepMind optax ``GradientTransformation``; PyTorch ``torch.optim`` (which updates the
-        parameters itself, with one foreach kernel per quantity).
+        DeepMind optax ``GradientTransformation``; PyTorch ``torch.optim`` (whose foreach
+        kernels the transformations run).
     """
 
     init: Callable[[Params], Any]
-    update: Callable[[Params, Any, Params], tuple[Params, Any]]
+    update: Callable[..., tuple[Params, Any]]
 
     def __repr__(self) -> str:
         owner = getattr(self.update, "__self__", None)
-        if isinstance(owner, Hyperparams) and getattr(self.init, "__self__", None) is owner:
+        if isinstance(owner, Transform) and getattr(self.init, "__self__", None) is owner:
             return repr(owner)
-        return f"Optimizer(init={self.init!r}, update={self.update!r})"
+        return f"GradientTransformation(init={self.init!r}, update={self.update!r})"
+
+
+class EmptyState(NamedTuple):
+    """The state of a transformation that keeps none (optax's ``EmptyState``).
+
+    Example:
+        >>> from sbfunc import optim
+        >>> optim.scale(0.5).init({"w": torch.ones(2)})
+        EmptyState()
+    """
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Hyperparams:
-    """Base of the optimizers' hyperparameter records: ``name`` is the factory that built it,
-    and the repr reads as that call (fields declared with ``repr=False`` are left out)."""
+class Transform:
+    """Base of the transformations' records: ``init`` and ``update`` are its methods,
+    :meth:`transformation` pairs them, and the repr reads as the building call (``name`` and
+    the fields declared with ``repr=False`` are left out)."""
 
     name: str = dataclasses.field(repr=False)
+
+    def init(self, params: Params) -> Any:
+        raise NotImplementedError
+
+    def update(
+        self, updates: Params, state: Any, params: Params | None = None
+    ) -> tuple[Params, Any]:
+        raise NotImplementedError
+
+    def transformation(self) -> GradientTransformation:
+        """This record's ``init`` and ``update`` as a :class:`GradientTransformation`."""
+        return GradientTransformation(self.init, self.update)
 
     def __repr__(self) -> str:
         shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
         return describe(self.name, shown)
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _Chain(Transform):
+    parts: tuple[GradientTransformation, ...] = dataclasses.field(repr=False)
+    call: str = dataclasses.field(repr=False, default="")
+
+    def init(self, params: Params) -> tuple[Any, ...]:
+        return tuple(t.init(params) for t in self.parts)
+
+    def update(
+        self, updates: Params, state: tuple[Any, ...], params: Params | None = None
+    ) -> tuple[Params, tuple[Any, ...]]:
+        if not isinstance(state, tuple) or len(state) != len(self.parts):
+            got = f"{len(state)} states" if isinstance(state, tuple) else type(state).__name__
+            raise ValueError(
+                f"the state of a chain of {len(self.parts)} transformations must be a tuple of "
+                f"{len(self.parts)} states (from its init), got {got}"
+            )
+        new = []
+        for t, s in zip(self.parts, state, strict=True):
+            updates, s = t.update(updates, s, params)
+            new.append(s)
+        return updates, tuple(new)
+
+    def __repr__(self) -> str:
+        return self.call or f"chain({', '.join(repr(t) for t in self.parts)})"
+
+
+def chain(*transforms: GradientTransformation) -> GradientTransformation:
+    """The transformations applied one after the other, optax's ``chain``.
+
+    The state is the tuple of the parts' states, in order; ``update`` raises ``ValueError`` on
+    a state of another length.
+
+    Args:
+        *transforms: the transformations, first applied first.
+
+    Returns:
+        A :class:`GradientTransformation` whose state is a tuple of one state per part.
+
+    Raises:
+        TypeError: if a part is not an ``(init, update)`` pair of callables.
+
+    Example:
+        >>> from sbfunc import optim
+        >>> opt = optim.chain(optim.clip_by_global_norm(1.0), optim.scale_by_learning_rate(0.1))
+        >>> params = {"w": torch.zeros(2)}
+        >>> updates, state = opt.update({"w": torch.tensor([3.0, 4.0])}, opt.init(params))
+        >>> updates["w"], len(state)
+        (tensor([-0.0600, -0.0800]), 2)
+
+    References:
+        DeepMind optax ``chain``.
+    """
+    for i, t in enumerate(transforms):
+        if not (callable(getattr(t, "init", None)) and callable(getattr(t, "update", None))):
+            raise TypeError(
+                f"transforms[{i}] must be a GradientTransformation (init, update), got "
+                f"{type(t).__name__}"
+            )
+    return _Chain(name="chain", parts=tuple(transforms)).transformation()
+
+
+def named(call: str, parts: list[GradientTransformation]) -> GradientTransformation:
+    """The public optimizers: their parts chained (a single part is itself, so its state is
+    not wrapped in a tuple), with ``call`` as the repr and the gradient keys checked."""
+    return _Named(name="named", parts=tuple(parts), call=call).transformation()
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _Named(_Chain):
+    def init(self, params: Params) -> Any:
+        if len(self.parts) == 1:
+            return self.parts[0].init(params)
+        return super().init(params)
+
+    def update(
+        self, updates: Params, state: Any, params: Params | None = None
+    ) -> tuple[Params, Any]:
+        check_grads(updates, params)
+        if len(self.parts) == 1:
+            return self.parts[0].update(updates, state, params)
+        return super().update(updates, state, params)
+
+
+def apply_updates(params: Params, updates: Params) -> Params:
+    """``params + updates``, key by key, with one foreach add per (device, dtype) group.
+
+    New tensors; neither input is modified. Updates are cast to each parameter's dtype first
+    (optax's rule), and a ``-0.0`` update leaves every parameter bit for bit (``0.0`` would turn
+    a ``-0.0`` parameter into ``0.0``), which is what the skipping transformations return.
+
+    Args:
+        params: the parameters, a dict of tensors.
+        updates: the updates, with the keys of ``params``.
+
+    Returns:
+        The new parameters, keyed like ``params``.
+
+    Raises:
+        TypeError: if either is not a dict.
+        ValueError: if their keys differ.
+
+    Example:
+        >>> from sbfunc import optim
+        >>> optim.apply_updates({"w": torch.ones(2)}, {"w": torch.tensor([0.5, -1.0])})
+        {'w': tensor([1.5000, 0.0000])}
+
+    References:
+        DeepMind optax ``apply_updates``.
+    """
+    check_grads(updates, params)
+
+    def add(p: list[torch.Tensor], u: list[torch.Tensor]) -> tuple[list[torch.Tensor]]:
+        u = [x if x.dtype == y.dtype else x.to(y.dtype) for x, y in zip(u, p, strict=True)]
+        return (list(torch._foreach_add(p, u)),)
+
+    return by_group(add, params, updates)[0]
 
 
 def zero_count(params: Params) -> torch.Tensor:
@@ -96,14 +240,14 @@ def resolve(value: float | Callable[..., Any], count: torch.Tensor) -> Scalar:
     return value_at(value, count) if callable(value) else value
 
 
-def check_grads(grads: Params, params: Params) -> None:
-    """Raise ``ValueError`` unless ``grads`` and ``params`` are dicts with the same keys."""
-    if not isinstance(grads, dict) or not isinstance(params, dict):
+def check_grads(grads: Any, params: Any) -> None:
+    """Raise unless ``grads`` is a dict with the keys of ``params`` (a dict, or ``None``)."""
+    if not isinstance(grads, dict) or (params is not None and not isinstance(params, dict)):
         raise TypeError(
             f"grads and params must be dicts of tensors, got {type(grads).__name__} and "
             f"{type(params).__name__}"
         )
-    if grads.keys() != params.keys():
+    if params is not None and grads.keys() != params.keys():
         missing = sorted(params.keys() - grads.keys())
         extra = sorted(grads.keys() - params.keys())
         raise ValueError(
@@ -111,13 +255,31 @@ def check_grads(grads: Params, params: Params) -> None:
         )
 
 
-def groups(params: Params) -> list[list[str]]:
-    """The keys of ``params`` grouped by (device, dtype), in order: one foreach call per group
-    keeps every call on torch's fast multi-tensor path."""
+def need_params(params: Params | None, what: str) -> Params:
+    """``params``, or a ``ValueError`` saying that ``what`` reads them."""
+    if params is None:
+        raise ValueError(f"{what} reads the parameters: call update(updates, state, params)")
+    return params
+
+
+def by_group(
+    fn: Callable[..., tuple[list[torch.Tensor], ...]], *trees: Params, outputs: int = 1
+) -> tuple[Params, ...]:
+    """``fn`` on the values of ``trees`` as lists, once per (device, dtype) group of the first
+    tree's keys (one foreach call per group keeps torch's fast multi-tensor path); each of the
+    ``outputs`` lists ``fn`` returns becomes a dict keyed like the first tree (an empty list:
+    an empty dict)."""
     by: dict[tuple[torch.device, torch.dtype], list[str]] = {}
-    for k, p in params.items():
-        by.setdefault((p.device, p.dtype), []).append(k)
-    return list(by.values())
+    for k, t in trees[0].items():
+        by.setdefault((t.device, t.dtype), []).append(k)
+    outs: tuple[dict[str, torch.Tensor], ...] = tuple({} for _ in range(outputs))
+    for keys in by.values():
+        results = fn(*([tree[k] for k in keys] for tree in trees))
+        for d, r in zip(outs, results, strict=True):
+            d.update(zip(keys, r, strict=False))
+    if len(by) < 2:
+        return outs
+    return tuple({k: d[k] for k in trees[0] if k in d} for d in outs)
 
 
 def on(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
@@ -136,49 +298,3 @@ def on(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
 def is_zero(value: Scalar) -> bool:
     """Whether a hyperparameter is the float 0 (a scheduled one never is, statically)."""
     return not isinstance(value, torch.Tensor) and value == 0
-
-
-def check_initial_lr(initial_lr: float | None, lr: float | Callable[..., Any]) -> float:
-    """The reference learning rate of Composer's decoupled weight decay: ``initial_lr`` when
-    given (``> 0``), else a float ``lr`` itself, else the schedule's value at step 0, which must
-    then be ``> 0`` (a warm-up from 0 needs an explicit ``initial_lr``, such as its peak)."""
-    if initial_lr is not None:
-        return check_real(initial_lr, "initial_lr", low=0.0, open_low=True)
-    if not callable(lr):
-        return lr
-    first = float(value_at(lr, torch.zeros((), dtype=torch.int64)))  # once, at construction
-    if not first > 0:
-        raise ValueError(
-            f"initial_lr is needed: the lr schedule is {first!r} at step 0, and the decoupled "
-            "weight decay scales by lr / initial_lr; pass initial_lr > 0 (Composer's base "
-            "learning rate, e.g. the schedule's peak)"
-        )
-    return first
-
-
-def decoupled_decay(lr: Scalar, weight_decay: Scalar, initial_lr: float) -> Scalar | None:
-    """Composer's per-step parameter factor ``1 - (lr / initial_lr) * weight_decay`` (``None``
-    for a zero weight decay, which Composer skips)."""
-    if is_zero(weight_decay):
-        return None
-    return 1 - (lr / initial_lr) * weight_decay
-
-
-def axpy(
-    x: list[torch.Tensor], y: list[torch.Tensor], alpha: Scalar, *, inplace: bool
-) -> list[torch.Tensor]:
-    """``x + alpha * y`` over the lists, into ``x`` when ``inplace`` (only for tensors the
-    caller allocated) and into fresh tensors otherwise. A float ``alpha`` is one fused
-    ``add(x, y, alpha=...)`` (as torch.optim); a tensor one multiplies first (torch.optim's
-    compiled path)."""
-    if not isinstance(alpha, torch.Tensor):
-        if inplace:
-            torch._foreach_add_(x, y, alpha=alpha)
-            return x
-        return list(torch._foreach_add(x, y, alpha=alpha))
-    scaled = list(torch._foreach_mul(y, alpha))
-    if inplace:
-        torch._foreach_add_(x, scaled)
-        return x
-    torch._foreach_add_(scaled, x)
-    return scaled

@@ -1,155 +1,47 @@
-"""SGD with momentum (``torch.optim.SGD``) and Composer's ``DecoupledSGDW`` as pure updates."""
+"""SGD with momentum (``torch.optim.SGD``) and Composer's ``DecoupledSGDW`` as chains of
+gradient transformations."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import Any
 
-import torch
-
-from sbfunc.module import Params
-from sbfunc.optim._base import (
-    Hyperparams,
-    Optimizer,
-    Scalar,
-    axpy,
-    check_grads,
+from sbfunc.optim._base import GradientTransformation, is_zero, named
+from sbfunc.optim._checks import check_real_or_schedule, describe
+from sbfunc.optim._moments import check_momentum, trace
+from sbfunc.optim._transforms import (
+    HParam,
+    add_decayed_weights,
     check_initial_lr,
-    decoupled_decay,
-    groups,
-    is_zero,
-    on,
-    resolve,
-    zero_count,
+    decoupled_weight_decay,
+    scale,
+    scale_by_learning_rate,
 )
-from sbfunc.optim._checks import check_real_or_schedule
-from sbfunc.validation import check_bool, check_real
+from sbfunc.validation import check_bool
 
-__all__ = ["SGDState", "decoupled_sgdw", "sgd"]
-
-HParam = float | Callable[[Any], torch.Tensor]
-
-
-class SGDState(NamedTuple):
-    """The state of :func:`sgd` and :func:`decoupled_sgdw`.
-
-    Attributes:
-        count: 0-d int64 tensor, the steps taken, on the parameters' device.
-        momentum_buffer: the momentum buffers keyed like the parameters (zeros at ``init``);
-            empty when ``momentum == 0``.
-
-    Example:
-        >>> from sbfunc import optim
-        >>> optim.sgd(0.1, momentum=0.9).init({"w": torch.ones(2)})
-        SGDState(count=tensor(0), momentum_buffer={'w': tensor([0., 0.])})
-
-    References:
-        PyTorch ``torch.optim.SGD`` (``state["momentum_buffer"]``); DeepMind optax
-        ``TraceState``.
-    """
-
-    count: torch.Tensor  # type: ignore[assignment]  # (shadows tuple.count, as in optax)
-    momentum_buffer: dict[str, torch.Tensor]
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class _SGD(Hyperparams):
-    lr: HParam
-    momentum: float
-    dampening: float
-    nesterov: bool
-    weight_decay: HParam
-    maximize: bool
-
-    _l2: ClassVar[bool] = True  # weight decay as an L2 term in the gradient (torch's SGD)
-
-    def _decay(self, lr: Scalar, weight_decay: Scalar) -> Scalar | None:
-        return None
-
-    def init(self, params: Params) -> SGDState:
-        buffers = {k: torch.zeros_like(p) for k, p in params.items()} if self.momentum else {}
-        return SGDState(zero_count(params), buffers)
-
-    def update(self, grads: Params, state: SGDState, params: Params) -> tuple[Params, SGDState]:
-        check_grads(grads, params)
-        count = state.count
-        lr, wd = resolve(self.lr, count), resolve(self.weight_decay, count)
-        decay = self._decay(lr, wd)
-        first = None
-        if self.momentum != 0 and self.dampening != 0:
-            # 1.0 at the first step, where torch.optim.SGD copies the gradient undampened
-            first = (count == 0).to(torch.float64)
-        new_params: Params = {}
-        new_buffers: Params = {}
-        for keys in groups(params):
-            like = params[keys[0]]
-            p, g = [params[k] for k in keys], [grads[k] for k in keys]
-            b = [state.momentum_buffer[k] for k in keys] if self.momentum else []
-            out_p, out_b = self._step(
-                p, g, b, on(lr, like), on(wd, like), on(first, like), on(decay, like)
-            )
-            new_params.update(zip(keys, out_p, strict=True))
-            new_buffers.update(zip(keys, out_b, strict=False))
-        buffers = {k: new_buffers[k] for k in state.momentum_buffer}
-        return {k: new_params[k] for k in params}, SGDState(count + 1, buffers)
-
-    def _step(
-        self,
-        p: list[torch.Tensor],
-        g: list[torch.Tensor],
-        b: list[torch.Tensor],
-        lr: Any,
-        wd: Any,
-        first: Any,
-        decay: Any,
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        fresh = False  # whether `g` holds tensors allocated here (safe to update in place)
-        if self.maximize:
-            g, fresh = list(torch._foreach_neg(g)), True
-        if self._l2 and not is_zero(wd):
-            g, fresh = axpy(g, p, wd, inplace=fresh), True
-        new_b: list[torch.Tensor] = []
-        if self.momentum != 0:
-            new_b = list(torch._foreach_mul(b, self.momentum))
-            torch._foreach_add_(new_b, g, alpha=1 - self.dampening)
-            if first is not None:  # b * (1 - first) + g * first selects exactly (for finite
-                # gradients; an infinite one turns the buffer NaN rather than inf)
-                torch._foreach_mul_(new_b, 1 - first)
-                torch._foreach_add_(new_b, torch._foreach_mul(g, first))
-            g = axpy(g, new_b, self.momentum, inplace=fresh) if self.nesterov else new_b
-        if decay is None:
-            return axpy(p, g, -lr, inplace=False), new_b
-        return axpy(list(torch._foreach_mul(p, decay)), g, -lr, inplace=True), new_b
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class _DecoupledSGDW(_SGD):
-    initial_lr: float
-
-    _l2: ClassVar[bool] = False
-
-    def _decay(self, lr: Scalar, weight_decay: Scalar) -> Scalar | None:
-        return decoupled_decay(lr, weight_decay, self.initial_lr)
+__all__ = ["decoupled_sgdw", "sgd"]
 
 
 def _check_sgd(
     lr: Any, momentum: Any, dampening: Any, nesterov: Any, weight_decay: Any, maximize: Any
 ) -> dict[str, Any]:
-    args = {
+    return {
         "lr": check_real_or_schedule(lr, "lr", open_low=True),
-        "momentum": check_real(momentum, "momentum", low=0.0),
-        "dampening": check_real(dampening, "dampening", low=0.0, high=1.0),
-        "nesterov": check_bool(nesterov, "nesterov"),
+        **check_momentum(momentum, dampening, nesterov),
         "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
         "maximize": check_bool(maximize, "maximize"),
     }
-    if nesterov and (args["momentum"] == 0 or args["dampening"] != 0):
-        raise ValueError(
-            "nesterov=True needs momentum > 0 and dampening == 0 (torch.optim.SGD's rule), "
-            f"got momentum={args['momentum']!r}, dampening={args['dampening']!r}"
+
+
+def _head(args: dict[str, Any], *, l2: bool) -> list[GradientTransformation]:
+    """The parts before the learning rate: negation, L2 decay (``l2``), momentum."""
+    parts = [scale(-1.0)] if args["maximize"] else []
+    if l2 and not is_zero(args["weight_decay"]):
+        parts.append(add_decayed_weights(args["weight_decay"]))
+    if args["momentum"] != 0:
+        parts.append(
+            trace(args["momentum"], dampening=args["dampening"], nesterov=args["nesterov"])
         )
-    return args
+    return parts
 
 
 def sgd(
@@ -160,14 +52,18 @@ def sgd(
     nesterov: bool = False,
     weight_decay: HParam = 0.0,
     maximize: bool = False,
-) -> Optimizer:
-    """Stochastic gradient descent with momentum, exactly as ``torch.optim.SGD``.
+) -> GradientTransformation:
+    """Stochastic gradient descent with momentum, as ``torch.optim.SGD``.
 
     Per step, with ``g`` the gradient (negated when ``maximize``):
     ``g += weight_decay * p``; ``b = g`` on the first step, else
     ``b = momentum * b + (1 - dampening) * g``; ``g = g + momentum * b`` (Nesterov) or
-    ``g = b``; ``p -= lr * g``. Every quantity is one foreach kernel over all parameters
-    (per device and dtype), nothing syncs with the host, and the inputs are never modified.
+    ``g = b``; the update is ``-lr * g``. Every quantity is one foreach kernel over all
+    parameters (per device and dtype), nothing syncs with the host, and the inputs are never
+    modified. The momentum buffers equal torch's bit for bit; ``apply_updates(p, -lr * g)``
+    rounds twice where torch's fused ``p.add_(g, alpha=-lr)`` rounds once (as torch's own
+    compiled path, which also multiplies first), so the parameters differ by about 1 ulp per
+    step.
 
     Args:
         lr: the learning rate, ``> 0``, or a schedule (``count -> 0-d tensor``, evaluated
@@ -179,7 +75,10 @@ def sgd(
         maximize: maximize the objective instead of minimizing it.
 
     Returns:
-        An :class:`Optimizer` with state :class:`SGDState`.
+        A :class:`GradientTransformation`: the :func:`chain` of ``scale(-1.0)`` (when
+        ``maximize``), :func:`add_decayed_weights` (when ``weight_decay`` is not 0),
+        :func:`trace` (when ``momentum`` is not 0) and :func:`scale_by_learning_rate`; its
+        state is the tuple of theirs (a single part's state alone).
 
     Raises:
         TypeError: for arguments of the wrong type.
@@ -191,7 +90,8 @@ def sgd(
         >>> params = {"w": torch.tensor([1.0, 2.0])}
         >>> state = opt.init(params)
         >>> for _ in range(2):
-        ...     params, state = opt.update({"w": torch.ones(2)}, state, params)
+        ...     updates, state = opt.update({"w": torch.ones(2)}, state, params)
+        ...     params = optim.apply_updates(params, updates)
         >>> params["w"]
         tensor([0.7100, 1.7100])
 
@@ -201,8 +101,8 @@ def sgd(
         learning"; DeepMind optax ``sgd``.
     """
     args = _check_sgd(lr, momentum, dampening, nesterov, weight_decay, maximize)
-    opt = _SGD(name="sgd", **args)
-    return Optimizer(opt.init, opt.update)
+    parts = [*_head(args, l2=True), scale_by_learning_rate(args["lr"])]
+    return named(describe("sgd", args), parts)
 
 
 def decoupled_sgdw(
@@ -214,7 +114,7 @@ def decoupled_sgdw(
     weight_decay: HParam = 0.0,
     maximize: bool = False,
     initial_lr: float | None = None,
-) -> Optimizer:
+) -> GradientTransformation:
     """SGD with weight decay decoupled from the gradient, as Composer's ``DecoupledSGDW``.
 
     The momentum runs on the raw gradient (as :func:`sgd` with ``weight_decay=0``), and each
@@ -238,7 +138,8 @@ def decoupled_sgdw(
             the schedule's value at step 0 (give it, e.g. the peak, for a warm-up from 0).
 
     Returns:
-        An :class:`Optimizer` with state :class:`SGDState`.
+        A :class:`GradientTransformation`: as :func:`sgd` without the L2 term, then
+        :func:`decoupled_weight_decay` (when ``weight_decay`` is not 0).
 
     Raises:
         TypeError: for arguments of the wrong type.
@@ -249,8 +150,8 @@ def decoupled_sgdw(
         >>> from sbfunc import optim
         >>> opt = optim.decoupled_sgdw(0.1, weight_decay=0.5)
         >>> params = {"w": torch.tensor([1.0, 2.0])}
-        >>> params, _ = opt.update({"w": torch.zeros(2)}, opt.init(params), params)
-        >>> params["w"]
+        >>> updates, _ = opt.update({"w": torch.zeros(2)}, opt.init(params), params)
+        >>> optim.apply_updates(params, updates)["w"]
         tensor([0.5000, 1.0000])
 
     References:
@@ -258,6 +159,9 @@ def decoupled_sgdw(
         "Decoupled Weight Decay Regularization"; PyTorch ``torch.optim.SGD``.
     """
     args = _check_sgd(lr, momentum, dampening, nesterov, weight_decay, maximize)
-    start = check_initial_lr(initial_lr, args["lr"])
-    opt = _DecoupledSGDW(name="decoupled_sgdw", initial_lr=start, **args)
-    return Optimizer(opt.init, opt.update)
+    args["initial_lr"] = start = check_initial_lr(initial_lr, args["lr"])
+    parts = [*_head(args, l2=False), scale_by_learning_rate(args["lr"])]
+    if not is_zero(args["weight_decay"]):
+        wd = args["weight_decay"]
+        parts.append(decoupled_weight_decay(wd, learning_rate=args["lr"], initial_lr=start))
+    return named(describe("decoupled_sgdw", args), parts)

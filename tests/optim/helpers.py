@@ -35,12 +35,15 @@ def grad_sequence(params: Params, steps: int = STEPS, seed: int = 1) -> list[Par
     return seq
 
 
-def run_ours(opt: optim.Optimizer, params: Params, grads: list[Params]) -> list[Params]:
-    """The parameters after each ``opt.update`` over ``grads``."""
+def run_ours(
+    opt: optim.GradientTransformation, params: Params, grads: list[Params]
+) -> list[Params]:
+    """The parameters after each ``opt.update`` and ``apply_updates`` over ``grads``."""
     state = opt.init(params)
     out = []
     for g in grads:
-        params, state = opt.update(g, state, params)
+        updates, state = opt.update(g, state, params)
+        params = optim.apply_updates(params, updates)
         out.append(params)
     return out
 
@@ -74,7 +77,8 @@ def run_torch(
 
 
 def assert_same(ours: list[Params], ref: list[Params], *, exact: bool) -> None:
-    """Equal at every step: bitwise when ``exact``, else within rtol=1e-6, atol=1e-7."""
+    """Equal at every step: bitwise when ``exact``, else within rtol=1e-5, atol=1e-6 (a
+    rounding per step apart, accumulated over ``STEPS``)."""
     assert len(ours) == len(ref)
     for step, (a, b) in enumerate(zip(ours, ref, strict=True)):
         assert a.keys() == b.keys()
@@ -83,4 +87,4 @@ def assert_same(ours: list[Params], ref: list[Params], *, exact: bool) -> None:
             if exact:
                 assert torch.equal(a[k], b[k]), f"step {step}, {k}: not bitwise equal"
             else:
-                torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-7)
+                torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)

@@ -1,6 +1,11 @@
 """decoupled_sgdw / decoupled_adamw against Composer's DecoupledSGDW / DecoupledAdamW update
 rules, written out below per parameter with torch's in-place ops (Composer is not a test
-dependency); and the torch-equivalent special cases (no weight decay)."""
+dependency); and the torch-equivalent special cases (no weight decay).
+
+Composer multiplies the parameters by the decay factor, then adds the step in place; ours are
+updates that ``apply_updates`` adds, one rounding apart per step (see test_torch_parity): equal
+within rtol=1e-5, atol=1e-6 (measured over these 25 steps: DecoupledSGDW at most 2.4e-7 apart,
+DecoupledAdamW 3.0e-8)."""
 
 import math
 
@@ -92,26 +97,25 @@ def _lr(scheduled):
     ],
 )
 @pytest.mark.parametrize("scheduled", [False, True])
-def test_decoupled_sgdw_matches_composer_bitwise(kw, scheduled):
+def test_decoupled_sgdw_matches_composer(kw, scheduled):
     params = model_params()
     grads = grad_sequence(params)
     lr, lr_at = _lr(scheduled)
     opt = optim.decoupled_sgdw(lr, initial_lr=0.05, **kw)
     ref = composer_sgdw(params, grads, lr_at=lr_at, initial_lr=0.05, **kw)
-    # a scheduled (tensor) lr multiplies then adds, as in test_torch_parity
-    assert_same(run_ours(opt, params, grads), ref, exact=not scheduled)
+    assert_same(run_ours(opt, params, grads), ref, exact=False)
 
 
 @pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("scheduled", [False, True])
-def test_decoupled_adamw_matches_composer_bitwise(amsgrad, scheduled):
+def test_decoupled_adamw_matches_composer(amsgrad, scheduled):
     params = model_params()
     grads = grad_sequence(params)
     kw = {"b1": 0.9, "b2": 0.95, "eps": 1e-8, "weight_decay": 1e-2, "amsgrad": amsgrad}
     lr, lr_at = _lr(scheduled)
     opt = optim.decoupled_adamw(lr, initial_lr=0.05, **kw)
     ref = composer_adamw(params, grads, lr_at=lr_at, initial_lr=0.05, **kw)
-    assert_same(run_ours(opt, params, grads), ref, exact=True)
+    assert_same(run_ours(opt, params, grads), ref, exact=False)
 
 
 def test_composer_defaults():
@@ -127,7 +131,7 @@ def test_without_weight_decay_they_are_torch_sgd_and_adam():
     grads = grad_sequence(params)
     kw = {"momentum": 0.9, "nesterov": True}
     ref = run_torch(lambda ps: torch.optim.SGD(ps, lr=0.05, **kw), params, grads)
-    assert_same(run_ours(optim.decoupled_sgdw(0.05, **kw), params, grads), ref, exact=True)
+    assert_same(run_ours(optim.decoupled_sgdw(0.05, **kw), params, grads), ref, exact=False)
     ref = run_torch(lambda ps: torch.optim.Adam(ps, lr=0.01), params, grads)
     got = run_ours(optim.decoupled_adamw(0.01, b2=0.999, weight_decay=0.0), params, grads)
     assert_same(got, ref, exact=False)  # Composer's mul + add first moment vs torch's lerp
@@ -136,20 +140,23 @@ def test_without_weight_decay_they_are_torch_sgd_and_adam():
 def test_decay_per_step_is_one_minus_weight_decay_at_the_initial_lr():
     params = {"w": torch.tensor([1.0, -2.0])}
     zero = {"w": torch.zeros(2)}
+
+    def stepped(opt):
+        updates, _ = opt.update(zero, opt.init(params), params)
+        return optim.apply_updates(params, updates)["w"]
+
     for opt in (
         optim.decoupled_sgdw(0.3, weight_decay=0.25),
         optim.decoupled_adamw(0.3, weight_decay=0.25),
     ):
-        new, _ = opt.update(zero, opt.init(params), params)
-        assert torch.equal(new["w"], torch.tensor([0.75, -1.5]))
+        assert torch.equal(stepped(opt), torch.tensor([0.75, -1.5]))
     # half the initial lr: half the decay
     opt = optim.decoupled_sgdw(optim.constant_schedule(0.15), weight_decay=0.25, initial_lr=0.3)
-    new, _ = opt.update(zero, opt.init(params), params)
-    assert torch.equal(new["w"], torch.tensor([0.875, -1.75]))
+    assert torch.equal(stepped(opt), torch.tensor([0.875, -1.75]))
     # torch's AdamW decays by lr * weight_decay instead
-    opt = optim.adamw(0.3, weight_decay=0.25)
-    new, _ = opt.update(zero, opt.init(params), params)
-    torch.testing.assert_close(new["w"], torch.tensor([0.925, -1.85]))
+    torch.testing.assert_close(
+        stepped(optim.adamw(0.3, weight_decay=0.25)), torch.tensor([0.925, -1.85])
+    )
 
 
 def test_initial_lr_defaults_to_the_schedule_at_step_0_and_refuses_zero():

@@ -1,9 +1,13 @@
 """sbfunc.optim against torch.optim over 25 steps of random gradients on a small model.
 
-Bitwise equal wherever torch's op order can be reproduced: SGD with a float learning rate (every
-flag, dampening's first-step rule included) and Adam/AdamW (every flag, float or scheduled
-learning rate). SGD with a scheduled (tensor) learning rate multiplies then adds, as torch's own
-compiled path does, where eager torch fuses ``add(alpha=lr)``: equal within rtol=1e-6.
+The updates are deltas that ``apply_updates`` adds, so the parameters are bitwise equal wherever
+torch's last operation is such an add: Adam (every flag, float or scheduled learning rate: its
+``addcdiv_`` divides, then adds). Where torch fuses the parameter into its last kernel, one
+rounding differs: SGD's ``p.add_(g, alpha=-lr)`` (a fused multiply-add; ours multiplies, then
+adds, as torch's own compiled path does) and AdamW's ``p.mul_(1 - lr * wd)`` before the Adam
+step; those are equal within rtol=1e-5, atol=1e-6 (measured over these 25 steps: SGD at most
+4.8e-7 apart, AdamW 9.3e-10 with 0.2% of the entries 1 ulp apart). SGD's momentum buffers, which
+torch keeps apart from the parameters, are bitwise equal.
 """
 
 import pytest
@@ -35,12 +39,32 @@ FOREACH = [None, True]  # torch's default (the for-loop on CPU) and its foreach 
 
 @pytest.mark.parametrize("foreach", FOREACH)
 @pytest.mark.parametrize("kw", SGD_CASES)
-def test_sgd_matches_torch_bitwise(kw, foreach):
+def test_sgd_matches_torch(kw, foreach):
     params = model_params()
     grads = grad_sequence(params)
     ours = run_ours(optim.sgd(0.05, **kw), params, grads)
     ref = run_torch(lambda ps: torch.optim.SGD(ps, lr=0.05, foreach=foreach, **kw), params, grads)
-    assert_same(ours, ref, exact=True)
+    assert_same(ours, ref, exact=False)  # torch fuses p + (-lr) * g (see the module docs)
+
+
+@pytest.mark.parametrize("kw", [k for k in SGD_CASES if k.get("momentum")])
+def test_sgd_momentum_buffers_match_torch_bitwise(kw):
+    params = model_params()
+    grads = grad_sequence(params)
+    kw = {k: v for k, v in kw.items() if k != "weight_decay"}  # (the decay reads p)
+    opt = optim.sgd(0.05, **kw)
+    state = opt.init(params)
+    tensors = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    ref = torch.optim.SGD(list(tensors.values()), lr=0.05, **kw)
+    for g in grads:
+        updates, state = opt.update(g, state, params)
+        params = optim.apply_updates(params, updates)
+        for k, t in tensors.items():
+            t.grad = g[k].clone()
+        ref.step()
+    (trace,) = [s for s in state if isinstance(s, optim.TraceState)]
+    for k, t in tensors.items():
+        assert torch.equal(trace.momentum_buffer[k], ref.state[t]["momentum_buffer"]), k
 
 
 def _torch_adam_kwargs(kw):
@@ -61,16 +85,16 @@ def test_adam_and_adamw_match_torch_bitwise(ours, theirs, kw, foreach):
     tkw = _torch_adam_kwargs(kw)
     got = run_ours(ours(0.01, **kw), params, grads)
     ref = run_torch(lambda ps: theirs(ps, lr=0.01, foreach=foreach, **tkw), params, grads)
-    assert_same(got, ref, exact=True)
+    assert_same(got, ref, exact=ours is optim.adam)  # AdamW: p * (1 - lr * wd) first
 
 
 def test_defaults_match_torch_defaults():
+    # (AdamW's default weight decay is 0.01: within one rounding, as above)
     params = model_params()
     grads = grad_sequence(params)
     for ours, theirs in [(optim.adam, torch.optim.Adam), (optim.adamw, torch.optim.AdamW)]:
-        assert_same(
-            run_ours(ours(1e-3), params, grads), run_torch(theirs, params, grads), exact=True
-        )
+        got, ref = run_ours(ours(1e-3), params, grads), run_torch(theirs, params, grads)
+        assert_same(got, ref, exact=ours is optim.adam)
 
 
 SCHEDULE = optim.warmup_cosine_decay_schedule(0.0, 0.05, 5, 20, end=0.005)
@@ -94,7 +118,7 @@ def test_scheduled_lr_matches_torch_with_per_step_lr(ours, theirs, kw):
     grads = grad_sequence(params)
     got = run_ours(ours(SCHEDULE, **kw), params, grads)
     ref = run_torch(lambda ps: theirs(ps, lr=0.05, **kw), params, grads, lr_at=_lr_at)
-    assert_same(got, ref, exact=ours is not optim.sgd)
+    assert_same(got, ref, exact=ours is optim.adam)
 
 
 @pytest.mark.parametrize(

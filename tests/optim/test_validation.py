@@ -66,11 +66,51 @@ def test_reprs_read_as_the_call():
         "decoupled_sgdw(lr=0.1, momentum=0.0, dampening=0.0, nesterov=False, "
         "weight_decay=0.0001, maximize=False, initial_lr=0.1)"
     )
-    plain = optim.Optimizer(abs, abs)
-    assert repr(plain).startswith("Optimizer(init=<built-in function abs>")
+    plain = optim.GradientTransformation(abs, abs)
+    assert repr(plain).startswith("GradientTransformation(init=<built-in function abs>")
+    assert repr(optim.chain(optim.scale(2.0), optim.scale_by_learning_rate(0.1))) == (
+        "chain(scale(step_size=2.0), scale_by_learning_rate(learning_rate=0.1, flip_sign=True))"
+    )
 
 
-def test_optimizer_is_a_namedtuple_of_init_and_update():
+def test_a_transformation_is_a_namedtuple_of_init_and_update():
     init, update = optim.sgd(0.1)
     assert callable(init) and callable(update)
-    assert optim.Optimizer._fields == ("init", "update")
+    assert optim.GradientTransformation._fields == ("init", "update")
+    assert optim.Optimizer is optim.GradientTransformation  # the former name
+
+
+def test_chain_checks_its_parts_and_its_state():
+    with pytest.raises(TypeError, match=r"transforms\[1\] must be a GradientTransformation"):
+        optim.chain(optim.scale(1.0), object())
+    opt = optim.chain(optim.scale(1.0), optim.scale(2.0))
+    with pytest.raises(ValueError, match=r"a tuple of 2 states .* got 1 states"):
+        opt.update({"w": torch.ones(1)}, (optim.EmptyState(),))
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "match"),
+    [
+        (lambda: optim.scale("2"), TypeError, "step_size"),
+        (lambda: optim.scale_by_learning_rate(0.0), ValueError, "learning_rate"),
+        (lambda: optim.scale_by_learning_rate(0.1, flip_sign=1), TypeError, "flip_sign"),
+        (lambda: optim.add_decayed_weights(-1.0), ValueError, "weight_decay"),
+        (lambda: optim.decoupled_weight_decay(0.1, initial_lr=0.0), ValueError, "initial_lr"),
+        (lambda: optim.clip_by_global_norm(0.0), ValueError, "max_norm"),
+        (lambda: optim.trace(0.9, dampening=0.5, nesterov=True), ValueError, "nesterov"),
+        (lambda: optim.scale_by_adam(b1=1.0), ValueError, "b1"),
+        (lambda: optim.apply_if_finite(optim.scale(1.0), -1), ValueError, "max_consecutive"),
+        (lambda: optim.apply_if_finite(abs), TypeError, "inner must be"),
+        (lambda: optim.multi_steps(optim.scale(1.0), 0), ValueError, "every_k"),
+        (lambda: optim.multi_steps(optim.scale(1.0), 2.0), TypeError, "every_k"),
+    ],
+)
+def test_invalid_transformation_arguments(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_transformations_that_read_the_parameters_say_so():
+    for opt in (optim.add_decayed_weights(0.1), optim.decoupled_weight_decay(0.1)):
+        with pytest.raises(ValueError, match="reads the parameters"):
+            opt.update({"w": torch.ones(1)}, opt.init({"w": torch.ones(1)}))

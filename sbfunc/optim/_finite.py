@@ -1,0 +1,215 @@
+"""The non-finite guard: a fused finiteness check without a host sync, a leafwise select, and
+:func:`apply_if_finite`, which skips the updates of non-finite gradients."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import torch
+import torch.utils._pytree as torch_pytree
+
+from sbfunc.module import Params
+from sbfunc.optim._base import GradientTransformation, Transform, zero_count
+from sbfunc.validation import check_int
+
+__all__ = [
+    "ApplyIfFiniteState",
+    "all_finite",
+    "apply_if_finite",
+    "host_flag",
+    "keep_if_finite",
+    "negative_zeros",
+]
+
+
+def all_finite(
+    tensors: Iterable[torch.Tensor], *, finite: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A 0-d bool tensor: every entry of every tensor is finite (and ``finite``, when given).
+
+    One fused pass per device, without a host sync: the kernel ``torch.amp.GradScaler`` uses to
+    find non-finite gradients, with a scale of exactly 1, which leaves every value as it is (it
+    writes each tensor with itself, bit for bit, and does not advance ``_version``; a tensor
+    whose elements share memory, such as a gradient returned as an expanded view, is checked
+    on a contiguous copy). About 10x cheaper on the CPU than a max-norm per tensor.
+
+    Args:
+        tensors: floating-point tensors, on any devices.
+        finite: a 0-d bool tensor to combine with (the result lives on its device).
+
+    Returns:
+        The flag, on the device of ``finite`` or of the first tensor (the CPU for none).
+
+    Example:
+        >>> from sbfunc import optim
+        >>> optim.all_finite([torch.tensor([1.0, float("nan")])], finite=torch.tensor(True))
+        tensor(False)
+
+    References:
+        PyTorch ``torch.amp.GradScaler`` (``_amp_foreach_non_finite_check_and_unscale_``);
+        DeepMind optax ``apply_if_finite``.
+    """
+    by_device: dict[torch.device, list[torch.Tensor]] = {}
+    for t in tensors:
+        if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape, strict=True)):
+            t = t.contiguous()  # the kernel writes each tensor: no two elements may alias
+        by_device.setdefault(t.device, []).append(t)
+    for device, group in by_device.items():
+        found = torch.zeros((), device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            group, found, torch.ones((), device=device)
+        )
+        flag = found == 0
+        finite = flag if finite is None else finite & flag.to(finite.device)
+    return torch.ones((), dtype=torch.bool) if finite is None else finite
+
+
+def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
+    """``new`` where ``finite`` holds, else ``old``, leaf by leaf over matching pytrees.
+
+    Non-tensor leaves come from ``new``. This is how a non-finite update never reaches the
+    parameters or a state without a host sync (cf. optax ``apply_if_finite``).
+
+    Args:
+        finite: a 0-d bool tensor.
+        new: the values to keep when ``finite`` holds.
+        old: the values to keep otherwise, with the structure of ``new``.
+
+    Returns:
+        The selected pytree (new tensors: one ``torch.where`` per leaf).
+
+    Example:
+        >>> from sbfunc import optim
+        >>> optim.keep_if_finite(torch.tensor(False), {"w": torch.ones(2)}, {"w": torch.zeros(2)})
+        {'w': tensor([0., 0.])}
+
+    References:
+        DeepMind optax ``apply_if_finite``.
+    """
+
+    def pick(n: Any, o: Any) -> Any:
+        if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
+            return torch.where(finite, n, o)
+        return n
+
+    return torch_pytree.tree_map(pick, new, old)
+
+
+def host_flag(flag: torch.Tensor) -> bool | None:
+    """``flag`` as a Python bool when reading it costs nothing (a CPU tensor, nothing
+    tracing), else ``None`` (select with ``torch.where`` instead of branching)."""
+    if flag.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return None
+    return bool(flag)
+
+
+def negative_zeros(updates: Params) -> Params:
+    """``-0.0`` like every update: the update that leaves every parameter bit for bit."""
+    return {k: torch.full_like(u, -0.0) for k, u in updates.items()}
+
+
+class ApplyIfFiniteState(NamedTuple):
+    """The state of :func:`apply_if_finite`.
+
+    Attributes:
+        notfinite_count: 0-d int64 tensor, the non-finite updates in a row (0 after a finite
+            one).
+        last_finite: 0-d bool tensor, whether the last update's gradients were finite.
+        total_notfinite: 0-d int64 tensor, the non-finite updates so far.
+        inner_state: the wrapped transformation's state.
+
+    Example:
+        >>> from sbfunc import optim
+        >>> state = optim.apply_if_finite(optim.sgd(0.1)).init({"w": torch.ones(1)})
+        >>> state.notfinite_count, state.last_finite, state.inner_state
+        (tensor(0), tensor(True), EmptyState())
+
+    References:
+        DeepMind optax ``ApplyIfFiniteState``.
+    """
+
+    notfinite_count: torch.Tensor
+    last_finite: torch.Tensor
+    total_notfinite: torch.Tensor
+    inner_state: Any
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class _ApplyIfFinite(Transform):
+    inner: GradientTransformation
+    max_consecutive_errors: int | None = None
+
+    def init(self, params: Params) -> ApplyIfFiniteState:
+        zero = zero_count(params)
+        return ApplyIfFiniteState(zero, zero == 0, zero.clone(), self.inner.init(params))
+
+    def update(
+        self, updates: Params, state: ApplyIfFiniteState, params: Params | None = None
+    ) -> tuple[Params, ApplyIfFiniteState]:
+        finite = all_finite(updates.values()).to(state.last_finite.device)
+        notfinite = (~finite).long()
+        count = (state.notfinite_count + 1) * notfinite
+        apply = finite
+        if self.max_consecutive_errors is not None:
+            apply = finite | (count > self.max_consecutive_errors)
+        new_state = ApplyIfFiniteState(
+            count, finite, state.total_notfinite + notfinite, state.inner_state
+        )
+        host = host_flag(apply)
+        if host is False:  # eagerly on the CPU: skip the inner update altogether
+            return negative_zeros(updates), new_state
+        out, inner = self.inner.update(updates, state.inner_state, params)
+        if host is None:
+            out = {k: torch.where(apply, u, -0.0) for k, u in out.items()}
+            inner = keep_if_finite(apply, inner, state.inner_state)
+        return out, new_state._replace(inner_state=inner)
+
+
+def apply_if_finite(
+    inner: GradientTransformation, max_consecutive_errors: int | None = None
+) -> GradientTransformation:
+    """Skip the update of non-finite gradients: ``-0.0`` updates, ``inner``'s state unchanged.
+
+    The check covers the incoming updates (the gradients, when this wraps the whole chain) in
+    one fused kernel per device (:func:`all_finite`) and never syncs with the host: on an
+    accelerator or under ``torch.compile`` the inner update always runs and ``torch.where``
+    selects, eagerly on the CPU the flag is read and a skipped update does no work. A ``-0.0``
+    update leaves the parameters bit for bit under :func:`apply_updates`. Skips are counted in
+    the state (``last_finite`` is the flag a training step reports).
+
+    Args:
+        inner: the transformation to guard.
+        max_consecutive_errors: ``None`` (default): always skip; else after this many
+            non-finite updates in a row the next one is applied (optax's rule, so a diverged
+            run shows as non-finite parameters instead of silently standing still).
+
+    Returns:
+        A :class:`GradientTransformation` with state :class:`ApplyIfFiniteState`.
+
+    Raises:
+        TypeError: if ``inner`` is not a transformation or ``max_consecutive_errors`` is not
+            an int.
+        ValueError: if ``max_consecutive_errors`` is negative.
+
+    Example:
+        >>> from sbfunc import optim
+        >>> opt, params = optim.apply_if_finite(optim.sgd(0.1)), {"w": torch.ones(2)}
+        >>> updates, state = opt.update({"w": torch.tensor([1.0, float("inf")])}, opt.init(params))
+        >>> updates["w"], state.total_notfinite
+        (tensor([-0., -0.]), tensor(1))
+
+    References:
+        DeepMind optax ``apply_if_finite``; PyTorch ``torch.amp.GradScaler`` (skipping the
+        steps of non-finite gradients).
+    """
+    if not (callable(getattr(inner, "init", None)) and callable(getattr(inner, "update", None))):
+        raise TypeError(f"inner must be a GradientTransformation, got {type(inner).__name__}")
+    if max_consecutive_errors is not None:
+        max_consecutive_errors = check_int(max_consecutive_errors, "max_consecutive_errors", low=0)
+    return _ApplyIfFinite(
+        name="apply_if_finite", inner=inner, max_consecutive_errors=max_consecutive_errors
+    ).transformation()
