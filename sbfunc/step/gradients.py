@@ -18,6 +18,9 @@ import torch
 import torch.utils._pytree as torch_pytree
 from torch.func import grad_and_value
 
+from sbfunc.optim._finite import all_finite as tensors_all_finite
+from sbfunc.optim._finite import keep_if_finite
+
 __all__ = [
     "all_finite",
     "check_losses",
@@ -159,36 +162,10 @@ def detach_tensors(tree: Any) -> Any:
     )
 
 
-def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
-    """``new`` where ``finite`` holds, else ``old``, leaf by leaf over matching pytrees.
-
-    Non-tensor leaves come from ``new``. This is how a non-finite update never reaches the
-    parameters without a host sync (cf. optax ``apply_if_finite``).
-
-    Example:
-        >>> from sbfunc.step.gradients import keep_if_finite
-        >>> keep_if_finite(torch.tensor(False), {"w": torch.ones(2)}, {"w": torch.zeros(2)})
-        {'w': tensor([0., 0.])}
-
-    References:
-        optax ``apply_if_finite``.
-    """
-
-    def pick(n: Any, o: Any) -> Any:
-        if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
-            return torch.where(finite, n, o)
-        return n
-
-    return torch_pytree.tree_map(pick, new, old)
-
-
 def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
-    """A 0-d bool tensor: the loss and every gradient entry are finite (no sync).
-
-    One fused pass over the gradients per device: the kernel ``torch.amp.GradScaler`` uses to
-    find non-finite gradients, with a scale of exactly 1, which leaves every value as it is
-    (it writes each gradient with itself, so ``grads`` must be the step's own tensors). About
-    10x cheaper on the CPU than a max-norm per gradient.
+    """A 0-d bool tensor: the loss and every gradient entry are finite (no sync): the loss's
+    ``isfinite`` and :func:`sbfunc.optim.all_finite` over the gradients (GradScaler's fused
+    check at scale 1, which leaves every value as it is).
 
     Example:
         >>> from sbfunc.step.gradients import all_finite
@@ -199,16 +176,7 @@ def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
         PyTorch ``torch.amp.GradScaler`` (``_amp_foreach_non_finite_check_and_unscale_``);
         optax ``apply_if_finite``.
     """
-    finite = torch.isfinite(loss)
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for g in grads.values():
-        by_device.setdefault(g.device, []).append(g)
-    for device, tensors in by_device.items():
-        found = torch.zeros((), device=device)
-        one = torch.ones((), device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
-        finite = finite & (found == 0).to(finite.device)
-    return finite
+    return tensors_all_finite(grads.values(), finite=torch.isfinite(loss))
 
 
 def check_losses(losses: Any, n: int) -> None:
