@@ -55,8 +55,8 @@ def main() -> None:
     half = tuple(t[: n // 2] for t in batch)
 
     def compiled(policy: P.Policy | None) -> tuple[Any, Any]:
-        algs = [] if policy is None else [sbfunc.SelectiveBackprop(
-            0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids=2)]  # fmt: skip
+        sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, ids=2)
+        algs = [] if policy is None else [sb]
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-3), algs)
         if args.shared:
             for name in ("forward", "core"):
@@ -64,7 +64,7 @@ def main() -> None:
         state = step.init(*init, key=sbfunc.random.key(0))
         return torch.compile(step), state._replace(time=state.time._replace(elapsed=0.5))
 
-    (plain, s0), (sb, s1) = compiled(None), compiled(P.rank_power_policy(0.5))
+    (plain, s0), (sb, s1) = compiled(None), compiled(P.rank_power(0.5))
     states = {"full": s0, "kept": s0, "sb": s1}
     score = torch.compile(lambda p, b, x: sbfunc.score_losses(loss_fn, p, b, x))
 
@@ -99,7 +99,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, 2 threads, {'shared' if args.shared else 'own'} code")
     report("2 compiled steps")
     for i in range(args.extra):  # the study's other methods, each its own compiled step
-        step, state = compiled(P.top_k_policy(0.5 - 0.01 * i) if i % 2 else None)
+        step, state = compiled(P.top_k(0.5 - 0.01 * i) if i % 2 else None)
         for _ in range(2):
             state = step(state, batch)[0]
     report(f"after {args.extra} more compiled steps")

@@ -2,8 +2,8 @@
 
 Part 1 (agreement, deterministic): a CNN is trained on MNIST-1D for a few epochs; at several
 points of training the per-sample losses of a 1024-row batch are computed in float32 and under
-``torch.autocast(..., dtype=torch.bfloat16)`` (``SelectiveBackprop(score_dtype=...)``), and
-their agreement is reported as Spearman's rank correlation and as the overlap of the kept
+``torch.autocast(..., dtype=torch.bfloat16)`` (``Scoring(dtype=...)`` of Selective Backprop),
+and their agreement is reported as Spearman's rank correlation and as the overlap of the kept
 halves (top 50% by loss, what ``top_k(keep=0.5)`` keeps) and of the rank-power selections
 drawn with the same key.
 
@@ -82,9 +82,13 @@ def agreement(data: sbfunc.datasets.Split, epochs: int) -> None:
         )
         half = full.shape[0] // 2  # 512, fewer with --quick's smaller test split
         top_full, top_low = torch.topk(full, half).indices, torch.topk(low, half).indices
-        rp_full = sbfunc.rank_power(full, 0.5, key=key).indices
-        rp_low = sbfunc.rank_power(low, 0.5, key=key).indices
-        rp_other = sbfunc.rank_power(full, 0.5, key=sbfunc.random.fold_in(key, 1)).indices
+
+        def rp(scores: torch.Tensor, k: Any) -> torch.Tensor:
+            policy = sbfunc.policies.rank_power(0.5)
+            return policy.select(scores, policy.init(), key=k)[0].indices
+
+        rp_full, rp_low = rp(full, key), rp(low, key)
+        rp_other = rp(full, sbfunc.random.fold_in(key, 1))
         print(
             f"{epoch:>6}{spearman(full, low):>10.4f}{overlap(top_full, top_low):>17.3f}"
             f"{overlap(rp_full, rp_low):>20.3f}{overlap(rp_full, rp_other):>14.3f}"

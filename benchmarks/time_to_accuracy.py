@@ -139,9 +139,7 @@ class Audit(sbfunc.Algorithm):
 
 
 def sb(cfg: Config, policy: P.Policy, loss_fn: sbfunc.ModuleLoss, **kw: Any) -> Any:
-    return sbfunc.SelectiveBackprop(
-        cfg.start, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids=2, **kw
-    )
+    return sbfunc.SelectiveBackprop(cfg.start, 1.0, interrupt=0, policy=policy, ids=2, **kw)
 
 
 def methods(cfg: Config, loss_fn: sbfunc.ModuleLoss, grad_norm_fn: sbfunc.ModuleLoss) -> dict:
@@ -150,10 +148,10 @@ def methods(cfg: Config, loss_fn: sbfunc.ModuleLoss, grad_norm_fn: sbfunc.Module
     k, n = cfg.keep, cfg.train
     return {
         "plain": lambda: [],
-        "rank_power": lambda: [sb(cfg, P.rank_power_policy(k), loss_fn)],
-        "rank_power_s0.5": lambda: [sb(cfg, P.rank_power_policy(k), loss_fn, scale_factor=0.5)],
-        "top_k": lambda: [sb(cfg, P.top_k_policy(k), loss_fn)],
-        "random": lambda: [sb(cfg, P.random_policy(k), loss_fn)],
+        "rank_power": lambda: [sb(cfg, P.rank_power(k), loss_fn)],
+        "rank_power_s0.5": lambda: [sb(cfg, P.rank_power(k), loss_fn, scale_factor=0.5)],
+        "top_k": lambda: [sb(cfg, P.top_k(k), loss_fn)],
+        "random": lambda: [sb(cfg, P.random_subset(k), loss_fn)],
         "jiang_var": lambda: [sb(cfg, P.jiang_cdf(1.0), loss_fn)],
         "stale_sb": lambda: [sb(cfg, P.stale_sb(1.0, num_ids=n, max_age=2), loss_fn)],
         "loshchilov": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n, max_age=2), loss_fn)],

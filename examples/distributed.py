@@ -50,18 +50,19 @@ def train(mode, data, args, comm, meter):
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     algorithms = []
     if kind is not None:
+        scope = sbdist.local_selection if kind == "local" else sbdist.global_selection
         algorithms.append(
             sbfunc.SelectiveBackprop(
                 start=0.0,
                 end=1.0,
                 interrupt=0,
-                loss_fn=loss_fn,
-                policy=(
+                policy=scope(
                     sbfunc.policies.jiang_cdf(beta=1.0, history=256)
                     if rule == "jiang"
-                    else sbfunc.policies.rank_power_policy(0.5)
+                    else sbfunc.policies.rank_power(0.5),
+                    rebalance=rebalance,
+                    comm=comm,
                 ),
-                scope=sbdist.selection_scope(kind, rebalance=rebalance, comm=comm),
             )
         )
     step = sbdist.make_data_parallel_step(loss_fn, sbfunc.optim.adam(3e-3), algorithms, comm=comm)

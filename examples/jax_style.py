@@ -69,7 +69,7 @@ def main() -> None:
     # augments the kept rows (Composer's FILO pass would have run SB last).
     algorithms = [
         sbfunc.CutOut(length=0.25),
-        sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2, loss_fn=loss_fn),
+        sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2),
         targets,
     ]
     optimizer = sbfunc.optim.adamw(3e-3, weight_decay=1e-4)  # torch.optim.AdamW's update

@@ -61,18 +61,20 @@ def interpolation_last(algorithms: Sequence[Algorithm], event: Event) -> list[Al
     )
 
 
-def top_k_with_exploration(scores: torch.Tensor, keep: float, *, key: torch.Tensor) -> Selection:
-    """The ``k - 1`` highest scores plus one row drawn uniformly from the rest.
+def top_k_with_exploration(keep: float) -> sbfunc.policies.Policy:
+    """A policy for ``sbfunc.SelectiveBackprop(policy=...)``: the ``k - 1`` highest scores plus
+    one row drawn uniformly from the rest; ``k`` is ``sbfunc.select.kept_count(N, keep)``, ties
+    are broken at random by the key."""
+    return sbfunc.policies.stateless(lambda scores, key, ids: _explore(scores, keep, key))
 
-    A ``select`` function for ``sbfunc.SelectiveBackprop(select=...)``: ``k`` is
-    ``sbfunc.kept_count(N, keep)``, ties are broken at random by ``key``.
-    """
+
+def _explore(scores: torch.Tensor, keep: float, key: torch.Tensor) -> Selection:
     n = scores.shape[0]
-    k = sbfunc.kept_count(n, keep)
+    k = sbfunc.select.kept_count(n, keep)
     k_rank, k_explore = sbfunc.random.split(key)
-    top = sbfunc.ranks(scores, key=k_rank) >= n - (k - 1)
+    top = sbfunc.select.ranks(scores, key=k_rank) >= n - (k - 1)
     rest = torch.zeros(n, device=scores.device).masked_fill(top, float("-inf"))
-    explore = sbfunc.gumbel_top_k(rest, 1, sbfunc.random.gumbel(k_explore, (n,)))
+    explore = sbfunc.select.gumbel_top_k(rest, 1, sbfunc.random.gumbel(k_explore, (n,)))
     indices = torch.cat([top.nonzero().flatten(), explore]).sort().values
     return Selection(indices)
 
@@ -146,17 +148,21 @@ def pipeline_keeps_selection_first(passes: Sequence[Callable]) -> Callable:
 
 def selection_rules(values: list[int], keep: float, seed: int) -> None:
     scores = torch.tensor(values, dtype=torch.float32)  # small ints: ties are common
-    key = sbfunc.random.key(seed)
-    sel = top_k_with_exploration(scores, keep, key=key)
-    n, k = len(values), sbfunc.kept_count(len(values), keep)
+    key, policy = sbfunc.random.key(seed), top_k_with_exploration(keep)
+
+    def top_k_with_exploration_of(scores: torch.Tensor) -> Selection:
+        return policy.select(scores, policy.init(), key=key)[0]
+
+    sel = top_k_with_exploration_of(scores)
+    n, k = len(values), sbfunc.select.kept_count(len(values), keep)
     idx = sel.indices.tolist()
     assert len(idx) == k, f"kept {len(idx)} rows, kept_count is {k}"
     assert idx == sorted(set(idx)) and all(0 <= i < n for i in idx), "not unique, sorted, in range"
     kept_scores = sorted((values[i] for i in idx), reverse=True)[: k - 1]
     assert kept_scores == sorted(values, reverse=True)[: k - 1], "a top row was left out"
-    again = top_k_with_exploration(scores, keep, key=key)
+    again = top_k_with_exploration_of(scores)
     assert torch.equal(again.indices, sel.indices), "same key, different rows"
-    shifted = top_k_with_exploration(2 * scores + 1, keep, key=key)  # strictly increasing map
+    shifted = top_k_with_exploration_of(2 * scores + 1)  # strictly increasing map
     assert torch.equal(shifted.indices, sel.indices), "depends on more than the ranks"
 
 
@@ -178,16 +184,15 @@ def selective_backprop_prunes_every_leaf(state: sbfunc.State, keep: float) -> No
     sb = sbfunc.SelectiveBackprop(
         start=0.0,
         end=1.0,
-        keep=keep,
         interrupt=0,
-        loss_fn=first_leaf_energy,
-        select=top_k_with_exploration,
+        policy=top_k_with_exploration(keep),
+        scoring=sbfunc.Scoring(loss_fn=first_leaf_energy),
     )
     before = clone_tree(state)
     new = sb.apply(Event.AFTER_DATALOADER, state)
     assert trees_equal(state, before), "apply mutated the state it was given"
     n = sbfunc.batch_size(state.batch)
-    assert sbfunc.batch_size(new.batch) == sbfunc.kept_count(n, keep)
+    assert sbfunc.batch_size(new.batch) == sbfunc.select.kept_count(n, keep)
     assert_rows_aligned(state.batch, new.batch)
     assert new.samples_scored == state.samples_scored + n, "the scoring forward was not counted"
     assert torch.equal(new.key, state.key), "apply stored a key (draw from state.key, keep none)"
@@ -242,7 +247,7 @@ def main() -> None:
             (pytree_batches(), st.data()),
         ),
         (
-            "SelectiveBackprop(select=...) prunes every leaf, purely",
+            "SelectiveBackprop(policy=...) prunes every leaf, purely",
             selective_backprop_prunes_every_leaf,
             (states(), keeps),
         ),

@@ -61,9 +61,7 @@ class Run:
         loss_fn = sbfunc.per_sample_loss(self.model, F.cross_entropy, train=True)
         algorithms = []
         if selective:  # active from 10% of training on
-            sb = sbfunc.SelectiveBackprop(
-                start=0.1, end=1.0, keep=0.5, interrupt=0, loss_fn=loss_fn
-            )
+            sb = sbfunc.SelectiveBackprop(start=0.1, end=1.0, keep=0.5, interrupt=0)
             algorithms.append(sb)
         self.steps_per_epoch = data.x_train.shape[0] // BATCH
         lr = sbfunc.optim.cosine_decay_schedule(3e-3, epochs * self.steps_per_epoch)

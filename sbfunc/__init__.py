@@ -67,7 +67,6 @@ from sbfunc.batch import batch_size, extract, replace, take
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
 from sbfunc.engine import (
     Algorithm,
-    Clock,
     Event,
     State,
     Time,
@@ -91,18 +90,8 @@ from sbfunc.module import (
     split_module,
 )
 from sbfunc.module_eval import EvalOutputs, eval_outputs, predict
-from sbfunc.score import score_losses
-from sbfunc.select import (
-    Selection,
-    check_keep,
-    gumbel_top_k,
-    kept_count,
-    random_subset,
-    rank_power,
-    rank_power_log_weights,
-    ranks,
-    top_k,
-)
+from sbfunc.score import Scoring, score_losses
+from sbfunc.select import Selection
 from sbfunc.step import (
     BATCH_EVENTS,
     Duration,
@@ -127,7 +116,6 @@ __all__ = [
     "AugMix",
     "BlurPool",
     "ChannelsLast",
-    "Clock",
     "ColOut",
     "CutMix",
     "CutOut",
@@ -144,6 +132,7 @@ __all__ = [
     "Params",
     "ProgressiveResizing",
     "RandAugment",
+    "Scoring",
     "Selection",
     "SelectiveBackprop",
     "SeqLengthWarmup",
@@ -166,7 +155,6 @@ __all__ = [
     "augmix_image",
     "batch_size",
     "chain",
-    "check_keep",
     "checkpoint",
     "colout_batch",
     "compat",
@@ -179,9 +167,7 @@ __all__ = [
     "every_n_steps",
     "extract",
     "fit",
-    "gumbel_top_k",
     "inject_hyperparams",
-    "kept_count",
     "make_train_step",
     "mixup_batch",
     "named_chain",
@@ -194,10 +180,6 @@ __all__ = [
     "predict",
     "randaugment_image",
     "random",
-    "random_subset",
-    "rank_power",
-    "rank_power_log_weights",
-    "ranks",
     "reduce_per_sample",
     "replace",
     "resize_batch",
@@ -214,7 +196,6 @@ __all__ = [
     "soft_targets",
     "split_module",
     "take",
-    "top_k",
     "weighted_mean",
     "when",
 ]

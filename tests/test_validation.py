@@ -30,28 +30,23 @@ from sbfunc.validation import (
 SETTINGS = settings(max_examples=60, derandomize=True, database=None, deadline=None)
 
 _MODEL = nn.Linear(4, 3)
-_LOSS = sbfunc.per_sample_loss(_MODEL, F.cross_entropy)
 _ALG = sbfunc.LabelSmoothing(0.1, num_classes=3)
 NAN = float("nan")
 
 # Every public function or constructor with a fraction argument, called with that argument.
 FRACTIONS = {
-    "check_keep": sbfunc.check_keep,
-    "top_k.keep": lambda v: sbfunc.top_k(torch.zeros(4), v),
-    "rank_power.keep": lambda v: sbfunc.rank_power(torch.zeros(4), v, key=sbrandom.key(0)),
-    "random_subset.keep": lambda v: sbfunc.random_subset(torch.zeros(4), v, key=sbrandom.key(0)),
-    "rank_power_policy.keep": policies.rank_power_policy,
-    "top_k_policy.keep": policies.top_k_policy,
-    "random_policy.keep": policies.random_policy,
+    "check_keep": sbfunc.select.check_keep,
+    "rank_power.keep": policies.rank_power,
+    "top_k.keep": policies.top_k,
+    "random_subset.keep": policies.random_subset,
     "grad_norm_importance.keep": policies.grad_norm_importance,
     "grad_norm_importance.smoothing": lambda v: policies.grad_norm_importance(0.5, smoothing=v),
     "jiang_cdf.sampling_min": lambda v: policies.jiang_cdf(1.0, sampling_min=v),
     "infobatch.prune_ratio": lambda v: policies.infobatch(v, 0.9, num_ids=4),
     "infobatch.delta": lambda v: policies.infobatch(0.5, v, num_ids=4),
     "loshchilov.keep": lambda v: policies.loshchilov(10.0, v, num_ids=4),
-    "policies.check_fraction": lambda v: policies.check_fraction(v, "x"),
-    "SelectiveBackprop.start": lambda v: sbfunc.SelectiveBackprop(v, 1.0, loss_fn=_LOSS),
-    "SelectiveBackprop.keep": lambda v: sbfunc.SelectiveBackprop(keep=v, loss_fn=_LOSS),
+    "SelectiveBackprop.start": lambda v: sbfunc.SelectiveBackprop(v, 1.0),
+    "SelectiveBackprop.keep": lambda v: sbfunc.SelectiveBackprop(keep=v),
     "should_selective_backprop.current_duration": lambda v: sbfunc.should_selective_backprop(v, 0),
     "select_using_loss.keep": lambda v: sbfunc.select_using_loss(
         torch.zeros(4, 4), torch.zeros(4, dtype=torch.int64), _MODEL, F.cross_entropy, keep=v
@@ -64,7 +59,6 @@ FRACTIONS = {
 
 # Every public function or constructor with an int argument (>= 1 here), called with it.
 INTS = {
-    "policies.check_positive_int": lambda v: policies.check_positive_int(v, "x"),
     "jiang_cdf.history": lambda v: policies.jiang_cdf(1.0, history=v),
     "stale_sb.num_ids": lambda v: policies.stale_sb(1.0, num_ids=v),
     "infobatch.num_ids": lambda v: policies.infobatch(0.5, 0.9, num_ids=v),

@@ -22,6 +22,12 @@ INPUT_RANK_ERROR = "Input must be 3D, 4D, or 5D if scale_factor != 1, got {}"
 SCALE_FACTOR_ERROR = "scale_factor must be <= 1"
 REDUCTION_ERROR = "Loss function `loss_fun` must take a keyword argument `reduction`."
 CALLABLE_ERROR = "Loss function must be callable"
+TENSOR_ERROR = (
+    "select_using_loss takes {} as a tensor (Composer's API), got a {}; for a dict or any "
+    "other pytree batch take the pure path: scores = sbfunc.score_losses(loss_fn, params, "
+    "buffers, batch), then a policy (sel, _ = sbfunc.policies.rank_power(keep).select(scores, "
+    "sbfunc.policies.EmptyState(), key=key)), then sbfunc.take(batch, sel.indices)"
+)
 
 
 def _is_real(value: object) -> bool:
@@ -49,6 +55,18 @@ def check_window(start: float, end: float, interrupt: int) -> None:
             f"interrupt must be 0 (never interrupt) or an int >= 2, got {interrupt} "
             "(interrupt=1 would interrupt every batch, so selective backprop would never run)"
         )
+
+
+def in_window(d: float, b: int, start: float, end: float, interrupt: int) -> bool:
+    """Composer's rule without the checks: ``start <= d < end`` and, unless ``interrupt`` is
+    0, ``(b + 1) % interrupt != 0`` (the host-side decision of the ``SelectiveBackprop``
+    algorithm, whose arguments were checked at construction).
+
+    Example:
+        >>> sbfunc.compat.composer.in_window(0.6, 1, 0.5, 0.9, 2)
+        False
+    """
+    return start <= d < end and (interrupt == 0 or (b + 1) % interrupt != 0)
 
 
 def should_selective_backprop(
@@ -81,8 +99,7 @@ def should_selective_backprop(
     check_window(start, end, interrupt)
     check_fraction(current_duration, "current_duration")
     check_int(batch_idx, "batch_idx", low=0)
-    in_window = start <= current_duration < end
-    return in_window and (interrupt == 0 or (batch_idx + 1) % interrupt != 0)
+    return in_window(current_duration, batch_idx, start, end, interrupt)
 
 
 def select_using_loss(
@@ -100,11 +117,12 @@ def select_using_loss(
 
     Runs ``model`` without gradients on the optionally downsampled input, ranks
     ``loss_fun(output, target, reduction='none')`` and draws ``max(1, floor(keep*N))`` rows
-    from Composer's rank-power law (see :func:`sbfunc.rank_power`). Unlike Composer, the draw
-    uses ``generator`` (a ``torch.Generator`` on the input's device) instead of the global numpy
-    RNG, rows come back in batch order, ties are broken at random and ``keep``/``scale_factor``
-    are validated.
-    ``generator=None`` draws from torch's default generator, which ``torch.manual_seed`` seeds.
+    from Composer's rank-power law (see :func:`sbfunc.policies.rank_power`). Unlike Composer,
+    the draw uses ``generator`` (a ``torch.Generator`` on the input's device) instead of the
+    global numpy RNG, rows come back in batch order, ties are broken at random, non-finite
+    losses rank below every finite one (:mod:`sbfunc.select.base`) and ``keep``/
+    ``scale_factor`` are validated. ``generator=None`` draws from torch's default generator,
+    which ``torch.manual_seed`` seeds.
 
     **Scoring mode.** ``train=None`` (the default) scores in the model's current train/eval
     mode, as Composer does: in train mode dropout adds noise to the ranking and BatchNorm
@@ -133,9 +151,11 @@ def select_using_loss(
             then if ``scale_factor`` is NaN or ``<= 0``, or ``keep`` is not in (0, 1].
         TypeError: if ``loss_fun`` is not callable or does not accept ``reduction`` (Composer's
             messages, ``"Loss function must be callable"`` and ``"Loss function `loss_fun`
-            must take a keyword argument `reduction`."``); then if ``scale_factor`` or
-            ``keep`` is not a number, or ``train`` is not ``None``/a bool or is given for a
-            model that is not an ``nn.Module``.
+            must take a keyword argument `reduction`."``); then if ``input`` or ``target`` is
+            not a tensor (a dict batch: the message gives the pure path, ``sbfunc.score_losses``
+            -> a policy -> ``sbfunc.take``), if ``scale_factor`` or ``keep`` is not a number,
+            or ``train`` is not ``None``/a bool or is given for a model that is not an
+            ``nn.Module``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -155,7 +175,7 @@ def select_using_loss(
         Jiang et al. 2019; MosaicML Composer ``select_using_loss``.
     """
     # Composer's checks with Composer's messages, in Composer's order, then ours.
-    if scale_factor != 1 and input.dim() not in _MODES:
+    if scale_factor != 1 and isinstance(input, torch.Tensor) and input.dim() not in _MODES:
         raise ValueError(INPUT_RANK_ERROR.format(input.dim()))
     if _is_real(scale_factor) and scale_factor > 1:
         raise ValueError(SCALE_FACTOR_ERROR)
@@ -163,6 +183,9 @@ def select_using_loss(
         raise TypeError(CALLABLE_ERROR)
     if not _accepts_reduction(loss_fun):
         raise TypeError(REDUCTION_ERROR)
+    for name, value in (("input", input), ("target", target)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(TENSOR_ERROR.format(name, type(value).__name__))
     scale_factor = check_scale_factor(scale_factor)  # a number, not NaN, > 0
     keep = check_keep(keep)
     if train is not None and not isinstance(train, bool):

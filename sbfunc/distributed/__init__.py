@@ -3,8 +3,9 @@ sharded data and checkpoints (see ``docs/how-to/distributed.md``).
 
 * :func:`make_data_parallel_step`: :func:`sbfunc.make_train_step` whose gradient and loss are
   the mean over all ranks' kept rows (a bucketed all-reduce, eager or compiled).
-* :func:`selection_scope`: ``SelectiveBackprop(scope=...)`` selecting per rank (``"local"``)
-  or over the global batch (``"global"``), optionally rebalancing kept rows across ranks.
+* :func:`local_selection`, :func:`global_selection`: a policy wrapped to select per rank or
+  over the global batch (``SelectiveBackprop(policy=global_selection(policy))``), optionally
+  rebalancing kept rows across ranks.
 * :func:`per_rank`: an algorithm drawing from its own stream on every rank (augmentations).
 * :func:`shard_ids`, :func:`sharded_batches`: each rank's slice of a keyed permutation.
 * :func:`save`, :func:`load`: one checkpoint per run, resumed bit for bit.
@@ -27,7 +28,7 @@ from sbfunc.distributed.data import shard_ids, sharded_batches
 from sbfunc.distributed.keys import per_rank, rank_key
 from sbfunc.distributed.meter import Traffic, TrafficMeter
 from sbfunc.distributed.packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
-from sbfunc.distributed.scope import ScopedSelect, SelectionScope, selection_scope
+from sbfunc.distributed.scope import global_selection, local_selection
 from sbfunc.distributed.step import BufferSync, DataParallelStep, make_data_parallel_step
 from sbfunc.distributed.traffic import gather_traffic, gradient_traffic, rebalance_traffic
 
@@ -39,17 +40,17 @@ __all__ = [
     "ExchangePlan",
     "RankLocal",
     "RowLayout",
-    "ScopedSelect",
-    "SelectionScope",
     "Traffic",
     "TrafficMeter",
     "balanced_counts",
     "batch_rows",
     "exchange_plan",
     "gather_traffic",
+    "global_selection",
     "gradient_traffic",
     "join_state",
     "load",
+    "local_selection",
     "make_data_parallel_step",
     "pack_rows",
     "per_rank",
@@ -57,7 +58,6 @@ __all__ = [
     "rebalance_traffic",
     "replica_mismatches",
     "save",
-    "selection_scope",
     "shard_ids",
     "sharded_batches",
     "split_state",

@@ -1,73 +1,48 @@
-"""Which rows one Selective Backprop selection ranges over under data parallelism.
+"""Which rows one selection ranges over under data parallelism: policy wrappers.
 
-``SelectiveBackprop(..., scope=selection_scope("local" | "global"))`` scores this rank's rows
-and hands the choice to the scope:
+:func:`local_selection` and :func:`global_selection` turn any policy of
+:mod:`sbfunc.policies` into a policy for data-parallel training (``policy -> policy``); pass
+the result to ``SelectiveBackprop(policy=...)``. Each rank scores its own rows, then:
 
-* ``"local"`` (Composer's): each rank keeps its own fraction of its own rows, drawing from its
-  own stream (the algorithm's key folded with the rank). A stateless rule needs no
-  communication at all. A policy with state (loss tables, a loss history) must see every
-  rank's rows to stay identical on every rank: the ranks all-gather their scores (and ids),
-  and every rank replays every rank's selection in rank order, keeping its own. The policy
-  then evolves as in one process that saw the ranks' shards one after another.
-* ``"global"`` (InfoBatch's): the ranks all-gather their scores (and ids) and every rank runs
-  one selection over the global batch with the **same** key, so every rank computes the same
+* **local** (Composer's): each rank keeps its own fraction of its own rows, drawing from its
+  own stream (the key folded with the rank). A stateless policy needs no communication at
+  all. A policy with state (loss tables, a loss history) must see every rank's rows to stay
+  identical on every rank: the ranks all-gather their scores (and ids), and every rank replays
+  every rank's selection in rank order, keeping its own. The policy then evolves as in one
+  process that saw the ranks' shards one after another.
+* **global** (InfoBatch's): the ranks all-gather their scores (and ids) and every rank runs one
+  selection over the global batch with the **same** key, so every rank computes the same
   selection and the same policy state; each keeps the selected rows it holds.
 
 With ``rebalance=True`` the kept rows then move between ranks (one ``all_to_all_single``) so
-that every rank backpropagates the same count (to one row). Rank counts are read on the host:
-one small device sync per step under NCCL whenever the scope communicates.
+that every rank backpropagates the same count (to one row): the wrapper's ``Policy.prune``
+does the selecting and the moving. Rank counts are read on the host: one small device sync per
+step under NCCL whenever the wrapper communicates. A wrapped policy scores every row (no
+``score_rows``) and records no training losses (no ``record``: one rank's training losses
+would make the per-id tables differ across ranks). Non-finite scores follow the rule of
+:mod:`sbfunc.select.base` over the rows each selection ranges over.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from itertools import accumulate, pairwise
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import optree
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import take
+from sbfunc.batch import PerSample, take
 from sbfunc.distributed.balance import exchange_plan
 from sbfunc.distributed.comm import Comm
 from sbfunc.distributed.packing import batch_rows, pack_rows, unpack_rows, with_rows
+from sbfunc.policies import Policy, PolicyState, check_scores
 from sbfunc.select import Selection
 
-__all__ = ["ScopedSelect", "SelectionScope", "selection_scope"]
+__all__ = ["global_selection", "local_selection"]
 
-ScopedSelect = Callable[..., tuple[Selection, Any]]
-"""``select(scores, policy_state, *, key, ids) -> (Selection, policy_state)``: the selection
-rule of a Selective Backprop (its ``select`` or its policy, epoch and elapsed bound)."""
-
-Pruned = tuple[Any, torch.Tensor | None, Any]
-
-
-class SelectionScope(Protocol):
-    """What ``SelectiveBackprop(scope=...)`` calls to choose and prune its rows.
-
-    ``prune(select, batch, scores, ids, policy_state, *, key)`` returns ``(kept_batch,
-    weights, policy_state)``: the rows this rank backpropagates, their loss weights (``None``
-    for an unweighted mean) and the policy's next state, identical on every rank.
-
-    Example:
-        >>> from sbfunc.distributed import SelectionScope, selection_scope
-        >>> scope: SelectionScope = selection_scope("global")
-
-    References:
-        MosaicML Composer ``SelectiveBackprop`` (local); Qin et al. 2024, InfoBatch (global).
-    """
-
-    def prune(
-        self,
-        select: ScopedSelect,
-        batch: Any,
-        scores: torch.Tensor,
-        ids: torch.Tensor | None,
-        policy_state: Any,
-        *,
-        key: sbrandom.Key,
-    ) -> Pruned: ...
+_Chosen = tuple[Selection, PolicyState, list[int] | None]
+"""This rank's selection, the next state, and every rank's kept count when known."""
 
 
 def _has_tensors(tree: Any) -> bool:
@@ -75,12 +50,89 @@ def _has_tensors(tree: Any) -> bool:
 
 
 class _Scope:
-    def __init__(self, comm: Comm, rebalance: bool) -> None:
-        self.comm, self.rebalance = comm, rebalance
+    kind = ""
+
+    def __init__(self, policy: Policy, comm: Comm, rebalance: bool) -> None:
+        self.policy, self.comm, self.rebalance = policy, comm, rebalance
 
     def __repr__(self) -> str:
-        kind = type(self).__name__[:-5].lower()
-        return f"selection_scope({kind!r}, rebalance={self.rebalance}, comm={self.comm!r})"
+        return (
+            f"{self.kind}_selection({self.policy!r}, rebalance={self.rebalance}, "
+            f"comm={self.comm!r})"
+        )
+
+    def choose(
+        self,
+        scores: torch.Tensor,
+        state: PolicyState,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> _Chosen:
+        raise NotImplementedError
+
+    def _inner(
+        self,
+        scores: torch.Tensor,
+        state: PolicyState,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> tuple[Selection, PolicyState]:
+        return self.policy.select(scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed)
+
+    def select(
+        self,
+        scores: torch.Tensor,
+        state: PolicyState,
+        *,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None = None,
+        epoch: int | torch.Tensor = 0,
+        elapsed: float | torch.Tensor = 0.0,
+        scored: torch.Tensor | None = None,
+    ) -> tuple[Selection, PolicyState]:
+        """This rank's rows of the selection (``Policy.select``)."""
+        check_scores(scores)
+        if scored is not None:
+            raise ValueError(f"{self.kind}_selection scores every row: pass scored=None")
+        sel, state, _ = self.choose(scores, state, key, ids, epoch, elapsed)
+        return sel, state
+
+    def prune(
+        self,
+        batch: Any,
+        scores: torch.Tensor,
+        state: PolicyState,
+        *,
+        key: sbrandom.Key,
+        ids: torch.Tensor | None = None,
+        epoch: int | torch.Tensor = 0,
+        elapsed: float | torch.Tensor = 0.0,
+        per_sample: PerSample = None,
+    ) -> tuple[Any, torch.Tensor | None, torch.Tensor, PolicyState]:
+        """Select, take this rank's rows and move kept rows between ranks (``Policy.prune``)."""
+        if per_sample is not None:
+            raise ValueError(
+                "per_sample is not supported with rebalance=True yet (rows are packed and "
+                "exchanged by the default rule); leave one of them out"
+            )
+        check_scores(scores)
+        sel, state, kept = self.choose(scores, state, key, ids, epoch, elapsed)
+        rows, weights = take(batch, sel.indices), sel.weights
+        if self.comm.world == 1:
+            return rows, weights, sel.indices, state
+        if kept is None:
+            kept = self._counts(sel.indices.shape[0], scores.device)
+        plan = exchange_plan(kept, self.comm.rank)
+        leaves = batch_rows(rows)
+        cols = leaves if weights is None else [*leaves, weights.to(leaves[0].device)]
+        packed, layout = pack_rows(cols)
+        moved = unpack_rows(self.comm.all_to_all(packed, plan.send, plan.receive), layout)
+        new_weights = None if weights is None else moved.pop().to(weights.device)
+        return with_rows(rows, moved), new_weights, sel.indices, state
 
     def _counts(self, n: int, device: torch.device) -> list[int]:
         """Every rank's ``n``, in rank order (a host read)."""
@@ -108,69 +160,50 @@ class _Scope:
             out.append((parts[0], parts[1] if ids is not None else None))
         return sizes, out
 
-    def _finish(
-        self, rows: Any, weights: torch.Tensor | None, kept: list[int], policy_state: Any
-    ) -> Pruned:
-        """Rebalance (when asked) the kept ``rows``; ``kept`` is every rank's kept count."""
-        if not self.rebalance or self.comm.world == 1:
-            return rows, weights, policy_state
-        plan = exchange_plan(kept, self.comm.rank)
-        leaves = batch_rows(rows)
-        cols = leaves if weights is None else [*leaves, weights.to(leaves[0].device)]
-        packed, layout = pack_rows(cols)
-        moved = unpack_rows(self.comm.all_to_all(packed, plan.send, plan.receive), layout)
-        new_weights = None if weights is None else moved.pop().to(weights.device)
-        return with_rows(rows, moved), new_weights, policy_state
 
+class _Local(_Scope):
+    kind = "local"
 
-class LocalScope(_Scope):
-    """Each rank selects from its own rows (see the module docs)."""
-
-    def prune(
+    def choose(
         self,
-        select: ScopedSelect,
-        batch: Any,
         scores: torch.Tensor,
-        ids: torch.Tensor | None,
-        policy_state: Any,
-        *,
+        state: PolicyState,
         key: sbrandom.Key,
-    ) -> Pruned:
+        ids: torch.Tensor | None,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> _Chosen:
         comm = self.comm
-        if comm.world == 1 or not _has_tensors(policy_state):
-            sel, policy_state = select(
-                scores, policy_state, key=sbrandom.fold_in(key, comm.rank), ids=ids
-            )
-            rows = take(batch, sel.indices)
-            kept = self._counts(sel.indices.shape[0], scores.device) if self.rebalance else []
-            return self._finish(rows, sel.weights, kept, policy_state)
+        if comm.world == 1 or not _has_tensors(state):
+            mine_key = sbrandom.fold_in(key, comm.rank)
+            sel, state = self._inner(scores, state, mine_key, ids, epoch, elapsed)
+            return sel, state, None
         _, shards = self._gather(scores, ids)
         kept, mine = [], None
         for r, (s, i) in enumerate(shards):  # every rank replays every shard, in rank order
-            sel, policy_state = select(s, policy_state, key=sbrandom.fold_in(key, r), ids=i)
+            sel, state = self._inner(s, state, sbrandom.fold_in(key, r), i, epoch, elapsed)
             kept.append(sel.indices.shape[0])
             mine = sel if r == comm.rank else mine
         assert mine is not None
-        return self._finish(take(batch, mine.indices), mine.weights, kept, policy_state)
+        return mine, state, kept
 
 
-class GlobalScope(_Scope):
-    """One selection over the global batch, the same on every rank (see the module docs)."""
+class _Global(_Scope):
+    kind = "global"
 
-    def prune(
+    def choose(
         self,
-        select: ScopedSelect,
-        batch: Any,
         scores: torch.Tensor,
-        ids: torch.Tensor | None,
-        policy_state: Any,
-        *,
+        state: PolicyState,
         key: sbrandom.Key,
-    ) -> Pruned:
+        ids: torch.Tensor | None,
+        epoch: int | torch.Tensor,
+        elapsed: float | torch.Tensor,
+    ) -> _Chosen:
         sizes, shards = self._gather(scores, ids)
         g_scores = torch.cat([s for s, _ in shards])
         g_ids = None if ids is None else torch.cat([i for _, i in shards if i is not None])
-        sel, policy_state = select(g_scores, policy_state, key=key, ids=g_ids)
+        sel, state = self._inner(g_scores, state, key, g_ids, epoch, elapsed)
         offsets = [0, *accumulate(sizes)]
         # Selection indices are sorted: each rank's kept rows are one stretch of them.
         edges = torch.tensor(offsets, dtype=sel.indices.dtype, device=sel.indices.device)
@@ -179,53 +212,94 @@ class GlobalScope(_Scope):
         local = sel.indices[lo:hi] - offsets[self.comm.rank]
         weights = None if sel.weights is None else sel.weights[lo:hi]
         kept = [b - a for a, b in pairwise(bounds)]
-        return self._finish(take(batch, local), weights, kept, policy_state)
+        return Selection(local, weights), state, kept
 
 
-def selection_scope(
-    kind: Literal["local", "global"] = "global",
-    *,
-    rebalance: bool = False,
-    comm: Comm | None = None,
-) -> SelectionScope:
-    """The selection scope for ``SelectiveBackprop(scope=...)`` (see the module docs).
-
-    Args:
-        kind: ``"local"`` (each rank keeps its fraction of its rows) or ``"global"`` (one
-            selection over all ranks' rows).
-        rebalance: move kept rows between ranks so every rank backpropagates the same count
-            (to one row).
-        comm: the :class:`Comm` (process group and traffic meter); default ``Comm()``.
-
-    Returns:
-        A :class:`SelectionScope`.
-
-    Raises:
-        ValueError: for another ``kind``.
-        TypeError: for a ``rebalance`` that is not a bool or a ``comm`` that is not a ``Comm``.
-
-    Example:
-        >>> from sbfunc.distributed import selection_scope
-        >>> model = torch.nn.Linear(4, 3)
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
-        >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=loss_fn,
-        ...                               scope=selection_scope("global"))
-        >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
-        >>> state = sbfunc.State(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
-        >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape  # one process here
-        torch.Size([4, 4])
-
-    References:
-        MosaicML Composer ``SelectiveBackprop`` (local selection); Qin et al. 2024,
-        "InfoBatch: Lossless Training Speed Up by Unbiased Dynamic Data Pruning" (global
-        selection from all-gathered losses).
-    """
-    if kind not in ("local", "global"):
-        raise ValueError(f"kind must be 'local' or 'global', got {kind!r}")
+def _wrap(scope: type[_Scope], policy: Policy, rebalance: bool, comm: Comm | None) -> Policy:
+    if not isinstance(policy, Policy):
+        raise TypeError(
+            f"policy must be an sbfunc.policies.Policy (e.g. sbfunc.policies.rank_power(0.5)), "
+            f"got {policy!r:.80}"
+        )
+    if policy.prune is not None:
+        raise ValueError(f"policy is already a data-parallel selection ({policy.prune!r:.80})")
     if not isinstance(rebalance, bool):
         raise TypeError(f"rebalance must be True or False, got {rebalance!r}")
     if comm is None:
         comm = Comm()
     elif not isinstance(comm, Comm):
         raise TypeError(f"comm must be an sbfunc.distributed.Comm, got {comm!r}")
-    return (LocalScope if kind == "local" else GlobalScope)(comm, rebalance)
+    s = scope(policy, comm, rebalance)
+    return Policy(policy.init, s.select, prune=s.prune if rebalance else None)
+
+
+def local_selection(
+    policy: Policy, *, rebalance: bool = False, comm: Comm | None = None
+) -> Policy:
+    """``policy`` applied by every rank to its own rows (see the module docs).
+
+    Args:
+        policy: a :class:`~sbfunc.policies.Policy`.
+        rebalance: move kept rows between ranks so every rank backpropagates the same count
+            (to one row).
+        comm: the :class:`Comm` (process group and traffic meter); default ``Comm()``.
+
+    Returns:
+        A :class:`~sbfunc.policies.Policy` with ``policy``'s state.
+
+    Raises:
+        TypeError: for a ``policy`` that is not a ``Policy``, a ``rebalance`` that is not a
+            bool or a ``comm`` that is not a ``Comm``.
+        ValueError: for a ``policy`` that is already a data-parallel selection.
+
+    Example:
+        >>> from sbfunc.distributed import local_selection
+        >>> policy = local_selection(sbfunc.policies.top_k(0.5))
+        >>> sel, _ = policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
+        ...                        key=sbfunc.random.key(0))  # one process: its own rows
+        >>> sel.indices
+        tensor([1, 3])
+
+    References:
+        MosaicML Composer ``SelectiveBackprop`` (each rank selects from its own rows).
+    """
+    return _wrap(_Local, policy, rebalance, comm)
+
+
+def global_selection(
+    policy: Policy, *, rebalance: bool = False, comm: Comm | None = None
+) -> Policy:
+    """``policy`` applied once to the rows of all ranks (see the module docs).
+
+    Args:
+        policy: a :class:`~sbfunc.policies.Policy`.
+        rebalance: move kept rows between ranks so every rank backpropagates the same count
+            (to one row).
+        comm: the :class:`Comm` (process group and traffic meter); default ``Comm()``.
+
+    Returns:
+        A :class:`~sbfunc.policies.Policy` with ``policy``'s state.
+
+    Raises:
+        TypeError: for a ``policy`` that is not a ``Policy``, a ``rebalance`` that is not a
+            bool or a ``comm`` that is not a ``Comm``.
+        ValueError: for a ``policy`` that is already a data-parallel selection.
+
+    Example:
+        >>> from sbfunc.distributed import global_selection
+        >>> model = torch.nn.Linear(4, 3)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> policy = global_selection(sbfunc.policies.rank_power(0.5), rebalance=True)
+        >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy)
+        >>> sb = sb.bind(loss_fn=loss_fn, per_sample=None)  # what the step does
+        >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+        >>> state = sbfunc.State(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
+        >>> state = state.replace(own=sb.init(sbfunc.random.key(1)))
+        >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape  # one process here
+        torch.Size([4, 4])
+
+    References:
+        Qin et al. 2024, "InfoBatch: Lossless Training Speed Up by Unbiased Dynamic Data
+        Pruning" (global selection from all-gathered losses).
+    """
+    return _wrap(_Global, policy, rebalance, comm)

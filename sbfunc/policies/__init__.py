@@ -1,5 +1,7 @@
-"""Selection policies: pure ``(init, select)`` pairs over explicit state (see
-:mod:`sbfunc.policies.base` for the conventions, the weights included), and the refill queue.
+"""Selection policies: pure ``(init, select)`` pairs over explicit state, the one selection
+type of sbfunc (see :mod:`sbfunc.policies.base` for the conventions, the weights and the
+non-finite rule included): the stateless fixed-count rules (:func:`rank_power`, :func:`top_k`,
+:func:`random_subset`, with :class:`EmptyState`), the stateful ones, and the refill queue.
 """
 
 from sbfunc.policies.apply import Pruned, apply_policy, score_needed
@@ -12,21 +14,13 @@ from sbfunc.policies.base import (
     SelectArgs,
     SelectPolicy,
     bernoulli_selection,
-    check_fraction,
     check_ids,
-    check_positive_int,
     check_scores,
     horvitz_thompson,
     make_policy,
     stateless,
 )
-from sbfunc.policies.fixed_count import (
-    RhoState,
-    random_policy,
-    rank_power_policy,
-    rho_loss,
-    top_k_policy,
-)
+from sbfunc.policies.fixed_count import RhoState, random_subset, rank_power, rho_loss, top_k
 from sbfunc.policies.importance import (
     ImportanceState,
     grad_norm_importance,
@@ -35,7 +29,7 @@ from sbfunc.policies.importance import (
     variance_reduction,
 )
 from sbfunc.policies.infobatch import infobatch
-from sbfunc.policies.jiang import StaleState, jiang_cdf, needs_scoring, stale_sb
+from sbfunc.policies.jiang import StaleState, jiang_cdf, stale_sb
 from sbfunc.policies.loshchilov import loshchilov
 from sbfunc.policies.queue import Queue, dequeue, empty_queue, enqueue, flush
 from sbfunc.policies.tables import (
@@ -69,9 +63,7 @@ __all__ = [
     "StaleState",
     "apply_policy",
     "bernoulli_selection",
-    "check_fraction",
     "check_ids",
-    "check_positive_int",
     "check_scores",
     "dequeue",
     "empty_queue",
@@ -87,9 +79,8 @@ __all__ = [
     "logit_grad_norm",
     "loshchilov",
     "make_policy",
-    "needs_scoring",
-    "random_policy",
-    "rank_power_policy",
+    "random_subset",
+    "rank_power",
     "rho_loss",
     "score_needed",
     "stale_sb",
@@ -101,6 +92,6 @@ __all__ = [
     "table_record",
     "table_update",
     "tau_threshold",
-    "top_k_policy",
+    "top_k",
     "variance_reduction",
 ]

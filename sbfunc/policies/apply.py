@@ -22,12 +22,13 @@ class Pruned(NamedTuple):
     Attributes:
         batch: the kept rows (every per-sample leaf pruned, structure kept).
         weights: their loss weights (``None`` for an unweighted mean).
-        indices: the kept row indices into the input batch.
+        indices: the kept row indices into the input batch (the rows selected here; a policy
+            that moves rows between processes, ``Policy.prune``, may backpropagate others).
         state: the policy's next state.
 
     Example:
-        >>> from sbfunc.policies import apply_policy, top_k_policy
-        >>> policy = top_k_policy(0.5)
+        >>> from sbfunc.policies import apply_policy, top_k
+        >>> policy = top_k(0.5)
         >>> out = apply_policy(policy, policy.init(), (torch.arange(4),),
         ...                    torch.tensor([0.0, 3.0, 1.0, 2.0]), key=sbfunc.random.key(0))
         >>> out.batch, out.indices
@@ -56,7 +57,11 @@ def apply_policy(
     scored: torch.Tensor | None = None,
     per_sample: PerSample = None,
 ) -> Pruned:
-    """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them.
+    """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them: the
+    pytree-batch path (a dict batch included) from scores to the kept rows.
+
+    A policy with ``prune`` (the data-parallel wrappers of :mod:`sbfunc.distributed` that
+    rebalance kept rows across ranks) selects and prunes itself.
 
     Args:
         policy: a :class:`~sbfunc.policies.Policy`.
@@ -94,6 +99,15 @@ def apply_policy(
     if scores.shape != (n,):
         raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
     id_tensor = None if ids is None else extract(batch, ids, "ids")
+    if policy.prune is not None:
+        if scored is not None:
+            raise ValueError("a policy with prune scores every row: pass scored=None")
+        return Pruned(
+            *policy.prune(
+                batch, scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed,
+                per_sample=per_sample,
+            )
+        )  # fmt: skip
     sel, state = policy.select(
         scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored
     )

@@ -12,6 +12,10 @@ any per-sample losses ``L``. With inclusion probabilities ``pi_i`` and ``k`` kep
 the Horvitz-Thompson estimator with ``w_j = k / (N * pi_j)`` (:func:`horvitz_thompson`).
 Policies that return ``weights=None`` (rank-power, top-k, Jiang, Loshchilov, RHO-LOSS) are
 biased on purpose: they focus the step on the selected rows.
+
+**Non-finite scores** rank below every finite score in every policy (see
+:mod:`sbfunc.select.base`): a row whose score is NaN or infinite is never kept while finite
+rows can fill the selection, and it is never recorded in a policy's state.
 """
 
 from __future__ import annotations
@@ -34,9 +38,7 @@ __all__ = [
     "SelectArgs",
     "SelectPolicy",
     "bernoulli_selection",
-    "check_fraction",
     "check_ids",
-    "check_positive_int",
     "check_scores",
     "horvitz_thompson",
     "make_policy",
@@ -52,8 +54,8 @@ class SelectPolicy(Protocol):
     """The signature of ``Policy.select`` (see :class:`Policy`), for type checkers.
 
     Example:
-        >>> from sbfunc.policies import SelectPolicy, top_k_policy
-        >>> select: SelectPolicy = top_k_policy(0.5).select
+        >>> from sbfunc.policies import SelectPolicy, top_k
+        >>> select: SelectPolicy = top_k(0.5).select
 
     References:
         DeepMind optax, ``TransformUpdateFn``.
@@ -78,6 +80,10 @@ ScoreRows = Callable[[PolicyState, torch.Tensor | None, "int | torch.Tensor"], t
 Record = Callable[[PolicyState, torch.Tensor, torch.Tensor, "int | torch.Tensor"], PolicyState]
 """``(state, ids, losses, epoch) -> state``: remember losses observed outside ``select``."""
 
+Prune = Callable[..., "tuple[Any, torch.Tensor | None, torch.Tensor, PolicyState]"]
+"""``(batch, scores, state, *, key, ids, epoch, elapsed, per_sample) -> (kept_batch, weights,
+indices, state)``: select and prune in one (see ``Policy.prune``)."""
+
 
 class Policy(NamedTuple):
     """A selection policy: pure functions over an explicit state.
@@ -97,12 +103,18 @@ class Policy(NamedTuple):
             (:func:`~sbfunc.policies.score_needed`).
         record: ``None``, or ``(state, ids, losses, epoch) -> state`` for policies that keep
             per-id losses: remember losses computed elsewhere, e.g. by the training forward
-            of the kept rows (``SelectiveBackprop(reuse_losses=...)``), so they need not be
-            scored again. Non-finite losses are not recorded.
+            of the kept rows (``Scoring(reuse_losses=...)`` of Selective Backprop), so they
+            need not be scored again. Non-finite losses are not recorded.
+        prune: ``None``, or ``(batch, scores, state, *, key, ids, epoch, elapsed, per_sample)
+            -> (kept_batch, weights, indices, state)`` for policies whose kept rows are not a
+            subset of this process's batch: the data-parallel wrappers of
+            :mod:`sbfunc.distributed` that move kept rows between ranks. ``indices`` are the
+            rows of ``batch`` selected here. :func:`~sbfunc.policies.apply_policy` calls it
+            instead of ``select`` and :func:`sbfunc.take`.
 
     Example:
-        >>> from sbfunc.policies import top_k_policy
-        >>> policy = top_k_policy(0.5)
+        >>> from sbfunc.policies import top_k
+        >>> policy = top_k(0.5)
         >>> sel, state = policy.select(torch.tensor([0.1, 2.0, 0.3, 5.0]), policy.init(),
         ...                            key=sbfunc.random.key(0))
         >>> sel.indices
@@ -116,6 +128,7 @@ class Policy(NamedTuple):
     select: SelectPolicy
     score_rows: ScoreRows | None = None
     record: Record | None = None
+    prune: Prune | None = None
 
 
 class EmptyState(NamedTuple):
@@ -129,50 +142,6 @@ class EmptyState(NamedTuple):
     References:
         DeepMind optax, ``EmptyState``.
     """
-
-
-def check_fraction(value: float, name: str, *, low: float = 0.0, closed_low: bool = True) -> float:
-    """Validate a float in ``[low, 1]`` (or ``(low, 1]``) and return it: kept for existing
-    callers, :func:`sbfunc.validation.check_fraction` with ``open_low=not closed_low``.
-
-    Args:
-        value: the argument.
-        name: its name, for the message.
-        low: the lower bound.
-        closed_low: whether ``low`` itself is allowed.
-
-    Raises:
-        TypeError: for a non-number (or a bool).
-        ValueError: outside the range (NaN included).
-
-    Example:
-        >>> from sbfunc.policies import check_fraction
-        >>> check_fraction(0.5, "prune_ratio")
-        0.5
-
-    References:
-        sbfunc CONTRIBUTING (validate at construction).
-    """
-    return validation.check_fraction(value, name, low=low, open_low=not closed_low)
-
-
-def check_positive_int(value: int, name: str, *, minimum: int = 1) -> int:
-    """Validate an int ``>= minimum`` and return it: kept for existing callers,
-    :func:`sbfunc.validation.check_int` with ``low=minimum``.
-
-    Raises:
-        TypeError: for a non-int (or a bool).
-        ValueError: below ``minimum``.
-
-    Example:
-        >>> from sbfunc.policies import check_positive_int
-        >>> check_positive_int(1024, "history")
-        1024
-
-    References:
-        sbfunc CONTRIBUTING (validate at construction).
-    """
-    return validation.check_int(value, name, low=minimum)
 
 
 def check_scores(scores: torch.Tensor) -> int:
@@ -259,7 +228,8 @@ def bernoulli_selection(
 
     When no row is drawn, a row with the highest probability is kept, chosen uniformly among
     the tied ones (that event has probability ``prod(1 - pi_i)`` and is the only deviation
-    from the independent law).
+    from the independent law). A row kept that way with probability 0 (every row has
+    probability 0, e.g. every score is non-finite) gets the weight ``k/N``, as if ``pi = 1``.
 
     Args:
         inclusion: ``Tensor[N]`` of probabilities in ``[0, 1]``.
@@ -288,7 +258,9 @@ def bernoulli_selection(
         top = torch.zeros_like(mask).index_fill_(0, torch.argmin(likeliest).reshape(1), True)
         mask = mask | (top & ~mask.any())
     kept = mask.nonzero().reshape(-1)  # variable size: the one unavoidable shape read
-    return Selection(kept, horvitz_thompson(inclusion, kept) if weighted else None)
+    if not weighted:
+        return Selection(kept)
+    return Selection(kept, horvitz_thompson(torch.where(inclusion > 0, inclusion, 1.0), kept))
 
 
 class SelectArgs(NamedTuple):
@@ -323,9 +295,11 @@ def make_policy(
 
     Example:
         >>> from sbfunc.policies import EmptyState, make_policy
-        >>> policy = make_policy(EmptyState, lambda s, state, a: (sbfunc.top_k(s, 0.5), state))
+        >>> def count_calls(scores, state, a):  # keep the highest score, count the calls
+        ...     return sbfunc.Selection(scores.argmax().reshape(1)), state + 1
+        >>> policy = make_policy(lambda: 0, count_calls)
         >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
-        (Selection(indices=tensor([1]), weights=None), EmptyState())
+        (Selection(indices=tensor([1]), weights=None), 1)
 
     References:
         DeepMind optax, ``GradientTransformation``.
@@ -361,7 +335,7 @@ def stateless(
 
     Example:
         >>> from sbfunc.policies import stateless
-        >>> policy = stateless(lambda s, key, ids: sbfunc.top_k(s, 0.5))
+        >>> policy = stateless(lambda s, key, ids: sbfunc.Selection(s.argmax().reshape(1)))
         >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
         (Selection(indices=tensor([1]), weights=None), EmptyState())
 

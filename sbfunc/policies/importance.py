@@ -9,7 +9,8 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies.base import Policy, SelectArgs, check_scores, make_policy
 from sbfunc.policies.tables import Device
-from sbfunc.select import Selection, check_keep, kept_count, random_subset
+from sbfunc.select import Selection, check_keep, kept_count
+from sbfunc.select.samplers import random_indices
 from sbfunc.validation import check_fraction, check_int
 
 __all__ = [
@@ -83,18 +84,17 @@ def logit_grad_norm(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor
 
 
 def _sampling_probs(scores: torch.Tensor) -> torch.Tensor:
-    """Scores normalised to a distribution (uniform when they are all zero). NaN and ``+inf``
-    scores rank highest (:mod:`sbfunc.select.base`): when there are any, they share all the
-    mass equally (the limit of scores growing without bound); ``-inf`` and negative scores
-    get none."""
+    """Scores normalised to a distribution: non-finite scores rank below every finite one
+    (:mod:`sbfunc.select.base`), so they get no mass while a finite row has some; negative
+    scores get none either. Uniform over the finite rows when no finite score is positive,
+    uniform over all rows when none is finite."""
     s = scores.detach()
-    top = s.isnan() | s.isposinf()
-    s = torch.where(top, 0.0, s).clamp_min(0)
+    finite = s.isfinite()
+    s = torch.where(finite, s, 0.0).clamp_min(0)
     total = s.sum()
-    uniform = torch.full_like(s, 1.0 / s.shape[0])
-    probs = torch.where(total > 0, s / total.clamp_min(torch.finfo(s.dtype).tiny), uniform)
-    n_top = top.sum()
-    return torch.where(n_top > 0, top.to(s.dtype) / n_top.clamp_min(1), probs)
+    candidates = torch.where(finite.any(), finite, True).to(s.dtype)
+    uniform = candidates / candidates.sum()
+    return torch.where(total > 0, s / total.clamp_min(torch.finfo(s.dtype).tiny), uniform)
 
 
 def _reduction(g: torch.Tensor) -> torch.Tensor:
@@ -162,8 +162,9 @@ def grad_norm_importance(
     **with replacement** with ``p_i = s_i / sum(s)``. A row drawn ``c_i`` times out of ``k``
     appears once with weight ``(u/k) * c_i / (N p_i)`` (``u`` distinct rows), so the mean of
     ``w * L`` over the kept rows equals ``(1/k) * sum_draws L / (N p)``, an unbiased estimate of
-    the full-batch mean loss. NaN and ``+inf`` scores rank highest (:mod:`sbfunc.select.base`):
-    when a batch has any, they share all the probability mass. With ``switch=True`` the state
+    the full-batch mean loss. Non-finite scores rank below every finite one
+    (:mod:`sbfunc.select.base`): they get no probability mass, and the uniform draw prefers
+    finite rows too. With ``switch=True`` the state
     keeps an exponential moving
     average ``tau`` of :func:`variance_reduction`; while ``tau <= tau_threshold(N, k)`` (it
     starts at 0) the policy draws a uniform subset of ``k`` rows with unit weights instead.
@@ -208,7 +209,8 @@ def grad_norm_importance(
         tau = state.tau.to(p)
         if switch:
             use = tau > tau_threshold(n, k)
-            subset = random_subset(scores, keep, key=uniform_key).indices
+            u = sbrandom.uniform(uniform_key, (n,), device=scores.device)
+            subset = random_indices(scores, k, u)
             uniform = torch.zeros_like(p).index_fill_(0, subset, 1.0)
             counts = torch.where(use, counts, uniform)
             factor = torch.where(use, factor, torch.ones_like(p))

@@ -35,8 +35,9 @@ def infobatch(
     The decision uses only the recorded losses, so only ids never recorded need a score
     (``score_rows``); fresh scores are recorded after the decision, and ``record`` takes the
     training forward's losses of the kept rows (what InfoBatch uses). A row whose fresh score
-    is NaN or ``+inf`` ranks highest (:mod:`sbfunc.select.base`): it is never pruned, and is
-    not recorded. Needs ``ids``.
+    is not finite ranks below every finite one (:mod:`sbfunc.select.base`): it is dropped
+    (kept only, with weight ``k/N``, when no row is finite), and it is not recorded. Needs
+    ``ids``.
 
     Args:
         prune_ratio: ``r``, the drop probability of a well-learned row, in [0, 1).
@@ -79,9 +80,10 @@ def infobatch(
         mine = table_lookup(state, ids)
         pruning = torch.as_tensor(a.elapsed, device=scores.device) < delta  # else: anneal
         learned = ((mine.epoch >= 0) & (mine.loss < mean)).to(scores.device) & pruning
-        top = scores.isnan() | scores.isposinf()  # NaN and +inf rank highest: never pruned
-        learned = learned & ~(top if a.scored is None else top & a.scored)
+        bad = ~scores.isfinite()  # non-finite fresh scores rank below every finite one: dropped
+        bad = bad if a.scored is None else bad & a.scored
         inclusion = torch.where(learned, 1.0 - prune_ratio, 1.0).to(scores)
+        inclusion = torch.where(bad, 0.0, inclusion)
         return bernoulli_selection(inclusion, a.key, weighted=True), table
 
     def score_rows(

@@ -23,7 +23,7 @@ from sbfunc.policies.tables import (
 from sbfunc.select import Selection
 from sbfunc.validation import check_fraction, check_int, check_real
 
-__all__ = ["StaleState", "jiang_cdf", "needs_scoring", "stale_sb"]
+__all__ = ["StaleState", "jiang_cdf", "stale_sb"]
 
 
 class StaleState(NamedTuple):
@@ -62,9 +62,9 @@ def _cdf_select(
 ) -> tuple[Selection, LossHistory]:
     history = history_push(history, losses)  # the batch enters the history first
     keep_prob = history_cdf(history, losses).pow(beta).clamp_min(sampling_min)
-    # A batch of -inf scores only (CDF 0 everywhere): they all tie as the batch maximum, whose
-    # CDF is 1, so every row is kept (no row with inclusion 0 forced in with an infinite weight).
-    keep_prob = torch.where(keep_prob.amax() > 0, keep_prob, torch.ones_like(keep_prob))
+    # Non-finite losses rank below every finite one: never kept while a finite row can be (the
+    # batch's finite maximum has CDF 1); a batch with none keeps one random row.
+    keep_prob = torch.where(losses.isfinite(), keep_prob, 0.0)
     return bernoulli_selection(keep_prob, key, weighted=reweight), history
 
 
@@ -81,7 +81,9 @@ def jiang_cdf(
 
     ``CDF_R`` is the empirical CDF of the ``R = history`` most recent scores, the batch's own
     scores pushed first (so the batch maximum has CDF 1 and is always kept for
-    ``sampling_min=0``). On a stationary loss distribution the expected kept fraction is
+    ``sampling_min=0``). A row with a non-finite score is never kept while the batch has a
+    finite one (:mod:`sbfunc.select.base`). On a stationary loss distribution the expected kept
+    fraction is
     ``E[U^beta] = 1/(beta+1)``: 50/33/25% for ``beta = 1/2/3``. The kept count varies per batch
     (at least 1, see :func:`~sbfunc.policies.bernoulli_selection`); feed the rows to a
     :class:`~sbfunc.policies.Queue` to backpropagate fixed-size batches as in the paper.
@@ -141,7 +143,8 @@ def needs_scoring(
         ``bool Tensor[N]`` on the state's device.
 
     Example:
-        >>> from sbfunc.policies import needs_scoring, stale_sb
+        >>> from sbfunc.policies import stale_sb
+        >>> from sbfunc.policies.jiang import needs_scoring
         >>> policy = stale_sb(1.0, num_ids=4, max_age=2)
         >>> state = policy.init()
         >>> state = policy.record(state, torch.tensor([0, 1]), torch.tensor([1.0, 2.0]), 0)

@@ -22,17 +22,6 @@ from sbfunc.validation import check_int, check_real
 __all__ = ["loshchilov"]
 
 
-def _nonfinite_ranks(
-    rank: torch.Tensor, scores: torch.Tensor, scored: torch.Tensor | None, seen: torch.Tensor
-) -> torch.Tensor:
-    """Fresh NaN and ``+inf`` scores (never recorded) rank first, fresh ``-inf`` ones last."""
-    fresh = torch.ones_like(scores, dtype=torch.bool) if scored is None else scored
-    top = fresh & (scores.isnan() | scores.isposinf())
-    bottom = fresh & scores.isneginf()
-    last = (seen.to(rank.device) - 1).clamp_min(0)
-    return torch.where(top, 0, torch.where(bottom, last, rank))
-
-
 def loshchilov(
     s_e: float = 100.0,
     keep: float = 0.5,
@@ -50,9 +39,10 @@ def loshchilov(
     ``s_e`` times likelier than the bottom one. ``max(1, floor(keep*N))`` rows are drawn without
     replacement in proportion to these weights (Gumbel-top-k). ``weights=None`` (biased on
     purpose). Only ids never recorded, or recorded ``max_age`` epochs ago or more, need a
-    fresh score (``score_rows``): the paper ranks by the latest *known* loss. A fresh NaN or
-    ``+inf`` score ranks first and a fresh ``-inf`` last (:mod:`sbfunc.select.base`); neither
-    is recorded. Needs ``ids``.
+    fresh score (``score_rows``): the paper ranks by the latest *known* loss. A fresh
+    non-finite score ranks below every finite one (:mod:`sbfunc.select.base`): its row gets
+    weight 0 (kept only when too few rows are finite) and the score is not recorded. Needs
+    ``ids``.
 
     Args:
         s_e: selection pressure, the top-to-bottom probability ratio, a float >= 1
@@ -94,9 +84,10 @@ def loshchilov(
         ids = check_ids(a.ids, n, "loshchilov")
         table = table_record(state, ids, scores, a.epoch, mask=a.scored)
         rank, seen = table_ranks(table, ids)
-        rank = _nonfinite_ranks(rank.to(scores.device), scores, a.scored, seen)
         span = (seen - 1).clamp_min(1).to(scores)
         log_w = (-log_s_e * rank.to(scores) / span).to(scores.device)
+        fresh = torch.ones_like(scores, dtype=torch.bool) if a.scored is None else a.scored
+        log_w = torch.where(fresh & ~scores.isfinite(), -torch.inf, log_w)
         gumbel = sbrandom.gumbel(a.key, (n,), device=scores.device, dtype=scores.dtype)
         return Selection(gumbel_top_k(log_w, kept_count(n, keep), gumbel)), table
 

@@ -18,8 +18,8 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc.batch import PerSample, batch_size, take
-from sbfunc.policies.base import check_positive_int
 from sbfunc.rows import ndarray_type, path_str, rebuild_sequence, walk
+from sbfunc.validation import check_int
 
 __all__ = ["Queue", "dequeue", "empty_queue", "enqueue", "flush"]
 
@@ -170,7 +170,7 @@ def dequeue(queue: Queue, b: int, *, per_sample: PerSample = None) -> tuple[Any 
     References:
         Jiang et al. 2019 (the selected-samples queue).
     """
-    check_positive_int(b, "b")
+    check_int(b, "b", low=1)
     size = batch_size(queue.rows, per_sample=per_sample)
     if size < b:
         return None, queue

@@ -118,14 +118,14 @@ def history_push(history: LossHistory, losses: torch.Tensor) -> LossHistory:
 def history_cdf(history: LossHistory, losses: torch.Tensor) -> torch.Tensor:
     """The empirical CDF of the valid history entries at ``losses``: the share ``<= L``.
 
-    Returns 0 for an empty history, except that NaN and ``+inf`` losses always get 1 (they
-    rank highest, see :mod:`sbfunc.select.base`) and ``-inf`` gets 0.
+    Returns 0 for an empty history, and for non-finite losses (NaN, ``+inf``, ``-inf``): they
+    rank below every finite loss (see :mod:`sbfunc.select.base`).
 
     Example:
         >>> from sbfunc.policies import history_cdf, history_init, history_push
         >>> h = history_push(history_init(8), torch.tensor([1.0, 2.0, 3.0, 4.0]))
         >>> history_cdf(h, torch.tensor([0.5, 2.0, 9.0, float("nan")]))
-        tensor([0.0000, 0.5000, 1.0000, 1.0000])
+        tensor([0.0000, 0.5000, 1.0000, 0.0000])
 
     References:
         Jiang et al. 2019 (the percentile ``CDF_R(L)``).
@@ -136,7 +136,7 @@ def history_cdf(history: LossHistory, losses: torch.Tensor) -> torch.Tensor:
     num_valid = valid.sum()
     below = torch.searchsorted(ordered, losses.to(ordered), right=True).clamp_max(num_valid)
     cdf = below.to(losses.dtype) / num_valid.clamp_min(1).to(losses.dtype)
-    return torch.where(losses.isnan() | losses.isposinf(), 1.0, cdf)
+    return torch.where(losses.isfinite(), cdf, 0.0)
 
 
 def table_init(num_ids: int, *, device: Device = None) -> LossTable:

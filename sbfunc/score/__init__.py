@@ -1,4 +1,5 @@
-"""Score: cheap per-sample scores of a whole batch (losses, optionally on downsampled inputs)."""
+"""Score: cheap per-sample scores of a whole batch (losses, optionally on downsampled inputs),
+and Selective Backprop's scoring options (:class:`Scoring`)."""
 
 from sbfunc.score.downsample import (
     check_downsampled_scoring,
@@ -7,8 +8,10 @@ from sbfunc.score.downsample import (
     downsample_batch,
 )
 from sbfunc.score.losses import score_losses
+from sbfunc.score.options import Scoring
 
 __all__ = [
+    "Scoring",
     "check_downsampled_scoring",
     "check_scale_factor",
     "downsample",

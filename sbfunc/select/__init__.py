@@ -1,33 +1,15 @@
-"""Select: pure functions from per-sample scores to kept indices, with explicit randomness."""
+"""Select: the selection type, the kept count, ranks and the sampling maths the policies of
+:mod:`sbfunc.policies` are built from (with explicit randomness)."""
 
-from sbfunc.select.base import (
-    Selection,
-    ascending_order,
-    check_keep,
-    kept_count,
-    nan_as_inf,
-    ranks,
-)
-from sbfunc.select.samplers import (
-    gumbel_top_k,
-    random_subset,
-    rank_power,
-    rank_power_indices,
-    rank_power_log_weights,
-    top_k,
-)
+from sbfunc.select.base import Selection, check_keep, kept_count, nonfinite_lowest, ranks
+from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
 
 __all__ = [
     "Selection",
-    "ascending_order",
     "check_keep",
     "gumbel_top_k",
     "kept_count",
-    "nan_as_inf",
-    "random_subset",
-    "rank_power",
-    "rank_power_indices",
+    "nonfinite_lowest",
     "rank_power_log_weights",
     "ranks",
-    "top_k",
 ]

@@ -1,13 +1,16 @@
 """The selection type, the kept count and rank computation shared by all selection rules.
 
 **Non-finite scores** follow one rule on every selection path (:func:`ranks`,
-:func:`ascending_order`, :func:`~sbfunc.rank_power`, :func:`~sbfunc.top_k`, every policy of
-:mod:`sbfunc.policies`, the Composer-compatible ``select_using_loss``): a NaN score counts as
-``+inf``. NaN and ``+inf`` scores rank highest (a row the model cannot score is the most
-surprising one; if its loss is not finite either, the step's guard skips the update), ``-inf``
-scores rank lowest, and ties among them are broken at random by the key like any other tie.
-So all-NaN (or all-equal) scores give a uniformly random selection. Policies keep their
-histories and tables finite: a non-finite score is never recorded.
+:func:`gumbel_top_k`, every policy of :mod:`sbfunc.policies` with a fixed or a variable kept
+count, the data-parallel wrappers of :mod:`sbfunc.distributed`, Selective Backprop's refill
+queue, the Composer-compatible ``select_using_loss``): a NaN, ``+inf`` or ``-inf`` score ranks
+**below every finite score** (:func:`nonfinite_lowest` maps them all to ``-inf``), and ties
+among them are broken at random by the key like any other tie. So a row the model cannot
+score is never kept while finite rows remain; a fixed-count rule keeps ``k`` rows (static
+shapes), so when fewer than ``k`` rows are finite some non-finite rows fill the rest, and the
+training step gives non-finite rows no weight. All-NaN (or all-equal) scores give a uniformly
+random selection. Policies keep their histories and tables finite: a non-finite score is never
+recorded.
 
 **Empty batches**: scores of zero rows give an empty :class:`Selection` (and leave a policy's
 state unchanged); the step then makes no update and counts the batch as skipped.
@@ -23,7 +26,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.validation import check_fraction
 
-__all__ = ["Selection", "ascending_order", "check_keep", "kept_count", "nan_as_inf", "ranks"]
+__all__ = ["Selection", "check_keep", "kept_count", "nonfinite_lowest", "ranks"]
 
 
 class Selection(NamedTuple):
@@ -60,7 +63,7 @@ def check_keep(keep: float) -> float:
         ValueError: for NaN or a value outside (0, 1].
 
     Example:
-        >>> sbfunc.check_keep(0.25)
+        >>> sbfunc.select.check_keep(0.25)
         0.25
 
     References:
@@ -91,7 +94,8 @@ def kept_count(n: int, keep: float) -> int:
         ValueError: for ``n < 0`` (and as :func:`check_keep`).
 
     Example:
-        >>> sbfunc.kept_count(100, 0.29), sbfunc.kept_count(1, 0.5), sbfunc.kept_count(0, 0.5)
+        >>> from sbfunc.select import kept_count
+        >>> kept_count(100, 0.29), kept_count(1, 0.5), kept_count(0, 0.5)
         (29, 1, 0)
 
     References:
@@ -111,27 +115,34 @@ def kept_count(n: int, keep: float) -> int:
 _NUDGE = 1.0 + 2.0**-50
 
 
-def nan_as_inf(scores: torch.Tensor) -> torch.Tensor:
-    """``scores`` with every NaN replaced by ``+inf``: the non-finite rule of every selection
-    path (see :mod:`sbfunc.select.base`). Integer scores come back unchanged.
+def nonfinite_lowest(scores: torch.Tensor) -> torch.Tensor:
+    """``scores`` with every non-finite entry (NaN, ``+inf``, ``-inf``) replaced by ``-inf``:
+    the non-finite rule of every selection path (see :mod:`sbfunc.select.base`), non-finite
+    rows rank below every finite one. Integer scores come back unchanged.
+
+    Args:
+        scores: a tensor of scores.
+
+    Returns:
+        A tensor of the same shape and dtype.
 
     Example:
-        >>> sbfunc.select.nan_as_inf(torch.tensor([1.0, float("nan"), -float("inf")]))
-        tensor([1., inf, -inf])
+        >>> sbfunc.select.nonfinite_lowest(torch.tensor([1.0, float("nan"), float("inf")]))
+        tensor([1., -inf, -inf])
 
     References:
-        IEEE 754 ``totalOrder`` (NaN above ``+inf``); NumPy ``sort`` (NaN last).
+        optax ``apply_if_finite`` (non-finite values are never acted on).
     """
     if not scores.dtype.is_floating_point:
         return scores
-    return torch.where(scores.isnan(), torch.inf, scores)
+    return torch.where(scores.isfinite(), scores, -torch.inf)
 
 
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
     """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0;
-    NaN equals +inf."""
-    x = scores.to(torch.float32) + 0.0
-    bits = torch.where(x.isnan(), 0x7F800000, x.view(torch.int32))  # NaN counts as +inf
+    every non-finite value equals -inf."""
+    x = nonfinite_lowest(scores.to(torch.float32)) + 0.0
+    bits = x.view(torch.int32)
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
 
 
@@ -148,17 +159,28 @@ def ranks(
 
     Ties are broken by random integers drawn from ``key`` (or given as ``tie_noise``, an int64
     ``Tensor[N]`` of i.i.d. values in ``[0, 2**32)``, see :func:`sbfunc.random.bits`); with
-    neither, by position (stable sort). A NaN score counts as ``+inf``: NaN and ``+inf`` rank
-    highest and tie with each other, ``-inf`` ranks lowest (see :mod:`sbfunc.select.base`). For
+    neither, by position (stable sort). Non-finite scores (NaN, ``+inf``, ``-inf``) tie with
+    each other below every finite score (see :mod:`sbfunc.select.base`). For
     float32/16 scores one sort of a packed 64-bit (score, noise) key does both jobs; other
     dtypes take a random permutation and a stable sort. Runs on the scores' device without a
     host sync.
 
+    Args:
+        scores: ``Tensor[N]``.
+        key: an :mod:`sbfunc.random` key for the ties.
+        tie_noise: or the ties' noise itself.
+
+    Returns:
+        ``int64 Tensor[N]``, a permutation of ``0..N-1``.
+
+    Raises:
+        ValueError: if ``scores`` is not 1-D.
+
     Example:
-        >>> sbfunc.ranks(torch.tensor([0.3, 0.1, 0.2]))
+        >>> sbfunc.select.ranks(torch.tensor([0.3, 0.1, 0.2]))
         tensor([2, 0, 1])
-        >>> sbfunc.ranks(torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0]))
-        tensor([2, 3, 0, 1])
+        >>> sbfunc.select.ranks(torch.tensor([float("nan"), 5.0, -float("inf"), 0.0]))
+        tensor([0, 3, 1, 2])
 
     References:
         MosaicML Composer ``select_using_loss`` (ascending ``argsort`` of the losses); SciPy
@@ -178,17 +200,17 @@ def ranks(
 
 def ascending_order(scores: torch.Tensor, tie_noise: torch.Tensor | None) -> torch.Tensor:
     """The permutation that sorts ``scores`` ascending, ties broken by ``tie_noise`` (by
-    position when ``None``); a NaN score counts as ``+inf`` (it ties with ``+inf`` and comes
-    last). :func:`ranks` is its inverse permutation.
+    position when ``None``); non-finite scores tie below every finite one and come first.
+    :func:`ranks` is its inverse permutation.
 
     Example:
-        >>> sbfunc.select.ascending_order(torch.tensor([0.3, 0.1, 0.2]), None)
+        >>> sbfunc.select.base.ascending_order(torch.tensor([0.3, 0.1, 0.2]), None)
         tensor([1, 2, 0])
 
     References:
         Herf 2001, "Radix Tricks" (the order-preserving float-to-integer bit map).
     """
-    scores = nan_as_inf(scores)
+    scores = nonfinite_lowest(scores)
     if tie_noise is None:
         return torch.argsort(scores, stable=True)
     if scores.dtype in _EXACT_IN_FLOAT32:  # one sort of a packed (score, noise) int64 key

@@ -139,7 +139,9 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
         scored.append(tuple(batch[0].shape))
         return inner(params, buffers, batch)
 
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, loss_fn=score)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+    )
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(
         train, sbfunc.optim.sgd(0.1), [sb, alibi], sbfunc.passes.DEFAULT_PASSES

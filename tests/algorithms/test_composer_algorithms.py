@@ -54,7 +54,7 @@ def test_selective_backprop_scores_the_raw_batch_before_cutout(order):
     scored = []
     model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, loss_fn=_recording_loss(model, scored)
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_recording_loss(model, scored))
     )
     cutout = sbfunc.CutOut(length=0.5)
     after = Spy(sbfunc.Event.BEFORE_FORWARD, view=lambda b: b[0])
@@ -71,7 +71,7 @@ def test_selective_backprop_scores_before_mixup():
     scored = []
     model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, loss_fn=_recording_loss(model, scored)
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_recording_loss(model, scored))
     )
     mixup = sbfunc.MixUp(alpha=1.0, num_classes=3)
     spy = Spy(sbfunc.Event.AFTER_FORWARD)

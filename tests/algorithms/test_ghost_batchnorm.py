@@ -86,7 +86,9 @@ def test_trains_in_a_step_and_with_fewer_kept_rows_than_a_ghost_batch():
     model = apply_ghost_batchnorm(net, 4)
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     score = sbfunc.per_sample_loss(model, F.cross_entropy)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.25, interrupt=0, loss_fn=score)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, 0.25, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+    )
     step = sbfunc.make_train_step(train, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     batch = (torch.randn(12, 4), torch.randint(0, 2, (12,)))

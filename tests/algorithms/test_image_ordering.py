@@ -42,7 +42,12 @@ def _image_algorithms():
 
 def _selective_backprop(loss_fn, scale_factor=1.0):
     return sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, scale_factor=scale_factor, interrupt=0, loss_fn=loss_fn
+        0.0,
+        1.0,
+        0.5,
+        scale_factor=scale_factor,
+        interrupt=0,
+        scoring=sbfunc.Scoring(loss_fn=loss_fn),
     )
 
 

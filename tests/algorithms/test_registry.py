@@ -98,7 +98,7 @@ def _loss(model, kind, train):
 
 def _sb(model, kind):
     return sbfunc.SelectiveBackprop(
-        0.0, 1.0, keep=0.5, interrupt=0, loss_fn=_loss(model, kind, False)
+        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_loss(model, kind, False))
     )
 
 

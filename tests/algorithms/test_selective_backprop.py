@@ -1,3 +1,5 @@
+import inspect
+
 import optree
 import pytest
 import torch
@@ -52,26 +54,81 @@ def _loss(model):
         ({"interrupt": 1}, ValueError, "interrupt"),
         ({"scale_factor": 0.0}, ValueError, "scale_factor"),
         ({"scale_factor": 2.0}, ValueError, "scale_factor"),
-        ({"select": 3}, TypeError, "select must be callable"),
         ({"policy": "top_k"}, TypeError, "policy must be"),
-        ({"policy": sbfunc.policies.top_k_policy(0.5), "keep": 0.5}, ValueError, "leave keep"),
+        ({"policy": sbfunc.policies.top_k(0.5), "keep": 0.3}, ValueError, "keep=0.3 and policy="),
         ({"ids": 1.5}, TypeError, "ids must be"),
+        ({"scoring": {"train": True}}, TypeError, "scoring must be an sbfunc.Scoring"),
+        ({"scoring": sbfunc.Scoring(train=1)}, TypeError, "scoring.train"),
+        ({"scoring": sbfunc.Scoring(dtype=torch.int8)}, TypeError, "scoring.dtype"),
+        ({"scoring": sbfunc.Scoring(reuse_losses=1)}, TypeError, "scoring.reuse_losses"),
+        ({"scoring": sbfunc.Scoring(reuse_losses=True)}, ValueError, "records losses"),
+        ({"scale_factor": 0.5, "scoring": sbfunc.Scoring(input=len)}, TypeError, "input"),
     ],
 )
 def test_validation_at_construction(kwargs, exc, msg):
     with pytest.raises(exc, match=msg):
-        sbfunc.SelectiveBackprop(loss_fn=lambda p, b, x: x, **kwargs)
+        sbfunc.SelectiveBackprop(**kwargs)
 
 
-def test_loss_fn_must_be_callable():
-    with pytest.raises(TypeError, match="loss_fn"):
-        sbfunc.SelectiveBackprop(loss_fn=None)
+@pytest.mark.parametrize("loss", [nn.Linear(4, 3), 3, F.cross_entropy])
+def test_a_scoring_loss_that_is_not_a_per_sample_loss_is_refused_naming_the_fix(loss):
+    with pytest.raises(TypeError, match="per_sample_loss"):
+        sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn=loss))
+
+
+def test_composers_positional_signature_and_fewer_arguments():
+    sb = sbfunc.SelectiveBackprop(0.2, 0.8, 0.25, 0.5, 3)  # Composer's order
+    assert (sb.start, sb.end, sb.keep, sb.scale_factor, sb.interrupt) == (0.2, 0.8, 0.25, 0.5, 3)
+    params = inspect.signature(sbfunc.SelectiveBackprop).parameters
+    assert list(params)[:5] == ["start", "end", "keep", "scale_factor", "interrupt"]
+    assert len(params) < 17
+
+
+def test_match_decides_from_the_time_alone():
+    # The issue's reproduction: no batch in the state, a scale factor, a tuple-batch input.
+    sb = sbfunc.SelectiveBackprop(scale_factor=0.5)
+    state = sbfunc.State(sbrandom.key(0), time=sbfunc.Time(elapsed=0.5))
+    assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) is True
+    assert sb.match(sbfunc.Event.AFTER_DATALOADER, state.replace(time=sbfunc.Time())) is False
+
+
+def test_unbound_without_a_loss_apply_names_both_ways():
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
+    _, state = _model_state(sb)
+    state = state.replace(batch=(torch.randn(4, 4), torch.zeros(4, dtype=torch.long)))
+    with pytest.raises(ValueError, match=r"make_train_step.*Scoring\(loss_fn="):
+        sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
+
+
+def test_bind_gives_the_step_loss_in_eval_mode_and_the_step_spec():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 3))
+    train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
+    bound = sb.bind(loss_fn=train, per_sample={"w": False})
+    assert sb.loss_fn is None and sb.per_sample is None  # the original is unchanged
+    assert bound.loss_fn.train is False and bound.loss_fn.module is model
+    assert bound.per_sample == {"w": False}
+    in_train = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(train=True))
+    assert in_train.bind(loss_fn=train, per_sample=None).loss_fn.train is True
+    own = sbfunc.per_sample_loss(model, F.cross_entropy)
+    mine = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn=own))
+    assert mine.bind(loss_fn=train, per_sample=None) is mine  # nothing to change
+    assert mine.bind(loss_fn=train, per_sample=None).loss_fn.train is False
+    with pytest.raises(TypeError, match="per_sample_loss"):
+        sb.bind(loss_fn=model, per_sample=None)
+
+
+def test_bind_refuses_a_spec_of_its_own_that_is_not_the_steps():
+    sb = sbfunc.SelectiveBackprop(per_sample={"w": False})
+    assert sb.bind(loss_fn=None, per_sample={"w": False}).per_sample == {"w": False}
+    with pytest.raises(ValueError, match="prunes with per_sample"):
+        sb.bind(loss_fn=None, per_sample=None)
 
 
 @common
 @given(st.floats(0.0, 1.0), st.integers(0, 20), st.sampled_from([0, 2, 3]))
 def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
-    sb = sbfunc.SelectiveBackprop(0.2, 0.7, 0.5, interrupt=interrupt, loss_fn=lambda p, b, x: x)
+    sb = sbfunc.SelectiveBackprop(0.2, 0.7, 0.5, interrupt=interrupt)
     _, state = _model_state(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
     expected = sbfunc.should_selective_backprop(elapsed, batch_in_epoch, 0.2, 0.7, interrupt)
     assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) == expected
@@ -83,10 +140,13 @@ def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
 def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
     n = sbfunc.batch_size(batch)
     scores = torch.linspace(0, 1, n)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep, interrupt=0, loss_fn=lambda p, b, x: scores)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, keep, interrupt=0, scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: scores)
+    )
     state = sbfunc.State(sbrandom.key(seed), batch=batch, own=sb.init(sbrandom.key(seed)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
-    idx = sbfunc.rank_power(scores, keep, key=state.key).indices  # drawn from its own key
+    policy = sbfunc.policies.rank_power(keep)  # the default policy, drawn from its own key
+    idx = policy.select(scores, policy.init(), key=state.key)[0].indices
     expected = sbfunc.take(batch, idx)
     got, want = optree.tree_leaves(out.batch), optree.tree_leaves(expected)
     assert len(got) == len(want)
@@ -94,7 +154,7 @@ def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
         torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got, want, strict=True)
     )
     assert out.samples_scored == n and out.sample_weights is None
-    assert out.key is state.key and out.own is None  # keys are never stored back
+    assert out.key is state.key and out.own == sbfunc.policies.EmptyState()  # no key stored
     assert state.batch is batch and state.samples_scored == 0  # the input state is untouched
 
 
@@ -102,7 +162,12 @@ def test_dict_batch_with_ids_and_policy_state_round_trip():
     model, _ = _model_state()
     policy = sbfunc.policies.loshchilov(10.0, 0.5, num_ids=200)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=_loss(model), policy=policy, ids="id"
+        0.0,
+        1.0,
+        interrupt=0,
+        policy=policy,
+        ids="id",
+        scoring=sbfunc.Scoring(loss_fn=_loss(model)),
     )
     _, state = _model_state(sb)
     assert type(state.own) is type(policy.init())  # its own state is the policy state
@@ -124,7 +189,9 @@ def test_stale_sb_skips_scoring_of_fresh_rows():
         return batch["x"].sum(1)
 
     policy = sbfunc.policies.stale_sb(1.0, num_ids=200, max_age=2)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id")
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, policy=policy, ids="id", scoring=sbfunc.Scoring(loss_fn)
+    )
     _, state = _model_state(sb)
     state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
     assert state.samples_scored == 8
@@ -138,7 +205,11 @@ def test_stale_sb_skips_scoring_of_fresh_rows():
 def test_stale_sb_needs_ids():
     policy = sbfunc.policies.stale_sb(1.0, num_ids=200)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=lambda p, b, x: x["x"].sum(1), policy=policy
+        0.0,
+        1.0,
+        interrupt=0,
+        policy=policy,
+        scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: x["x"].sum(1)),
     )
     _, state = _model_state(sb)
     with pytest.raises(ValueError, match="ids"):
@@ -149,7 +220,7 @@ def test_weights_from_policy_reach_the_step():
     model, _ = _model_state()
     loss_fn = _loss(model)
     policy = sbfunc.policies.grad_norm_importance(0.25, switch=False)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy)
     seen = []
 
     class Spy(sbfunc.Algorithm):
@@ -172,17 +243,18 @@ def test_weights_from_policy_reach_the_step():
 def test_scores_in_eval_mode_unless_asked():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9), nn.Linear(4, 3))
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn))
     assert sb.loss_fn.train is False and loss_fn.train is True
-    composer_like = sbfunc.SelectiveBackprop(loss_fn=loss_fn, score_in_train_mode=True)
+    composer_like = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn, train=True))
     assert composer_like.loss_fn.train is True
 
 
 def test_repr_names_the_configuration():
-    sb = sbfunc.SelectiveBackprop(loss_fn=lambda p, b, x: x)
+    sb = sbfunc.SelectiveBackprop()
     assert repr(sb) == (
         "SelectiveBackprop(start=0.5, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2)"
     )
+    assert "policy=Policy(" in repr(sbfunc.SelectiveBackprop(policy=sbfunc.policies.top_k(0.5)))
 
 
 def _refill_run(policy, steps=6, n=8):
@@ -203,7 +275,7 @@ def _refill_run(policy, steps=6, n=8):
 
     loss_fn = _loss(model)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids="id", refill=_dict_batch(n)
+        0.0, 1.0, interrupt=0, policy=policy, ids="id", refill=_dict_batch(n)
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy()])
     state = step.init(params, buffers, key=sbrandom.key(3))
@@ -217,7 +289,7 @@ def _refill_run(policy, steps=6, n=8):
 
 
 def test_refill_trains_on_full_batches_in_arrival_order():
-    state, history, trained = _refill_run(sbfunc.policies.top_k_policy(0.5))
+    state, history, trained = _refill_run(sbfunc.policies.top_k(0.5))
     # top-k keeps 4 of 8 rows: every other step has a full batch of 8 queued rows.
     assert [m.samples_backpropagated for m in history] == [0, 8, 0, 8, 0, 8]
     assert all(torch.isnan(m.loss) for m in history[::2])
@@ -242,11 +314,11 @@ def test_refill_with_variable_count_policy_keeps_every_selected_row():
 
 
 def test_refill_state_checkpoints(tmp_path):
-    state, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=3)
+    state, _, _ = _refill_run(sbfunc.policies.top_k(0.5), steps=3)
     _, queue = state.algorithm_state[0]
     assert sbfunc.batch_size(queue.rows) == 4  # mid-refill
     sbfunc.checkpoint.save(state, tmp_path / "s.pt")
-    fresh, _, _ = _refill_run(sbfunc.policies.top_k_policy(0.5), steps=0)
+    fresh, _, _ = _refill_run(sbfunc.policies.top_k(0.5), steps=0)
     loaded = sbfunc.checkpoint.load(tmp_path / "s.pt", like=fresh)
     assert torch.equal(loaded.algorithm_state[0][1].rows["x"], queue.rows["x"])
 
@@ -254,6 +326,24 @@ def test_refill_state_checkpoints(tmp_path):
 def test_refill_refuses_weighted_selections():
     with pytest.raises(ValueError, match="refill cannot queue weighted selections"):
         _refill_run(sbfunc.policies.jiang_cdf(1.0, reweight=True), steps=1)
+
+
+@pytest.mark.parametrize("make", [sbfunc.policies.top_k, sbfunc.policies.rank_power])
+def test_refill_never_queues_a_row_with_a_non_finite_score(make):
+    def score(params, buffers, batch):  # ids 0, 3, 6 cannot be scored
+        return torch.where(batch["id"] % 3 == 0, torch.nan, batch["x"].sum(1))
+
+    example = _dict_batch(8)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, policy=make(0.75), refill=example,
+        scoring=sbfunc.Scoring(loss_fn=score),
+    )  # fmt: skip
+    _, state = _model_state(sb)
+    batch = dict(example, id=torch.arange(8))
+    out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=batch))
+    _, queue = out.own
+    assert queue.rows["id"].tolist() == [1, 2, 4, 5, 7]  # 6 kept, the forced NaN row dropped
+    assert sbfunc.batch_size(out.batch) == 0
 
 
 def _kept_ids(extra_before=(), extra_after=(), steps=4):
@@ -264,18 +354,19 @@ def _kept_ids(extra_before=(), extra_after=(), steps=4):
     params, buffers = sbfunc.split_module(model, clone=True)
     kept = []
 
-    def select(scores, keep, *, key):
-        sel = sbfunc.rank_power(scores, keep, key=key)
+    rank_power = sbfunc.policies.rank_power(0.25)
+
+    def select(scores, key, ids):
+        sel, _ = rank_power.select(scores, rank_power.init(), key=key)
         kept.append(sel.indices.tolist())
         return sel
 
     sb = sbfunc.SelectiveBackprop(
         0.0,
         1.0,
-        0.25,
         interrupt=0,
-        loss_fn=lambda p, b, batch: batch["x"].flatten(1).sum(1),
-        select=select,
+        policy=sbfunc.policies.stateless(select),
+        scoring=sbfunc.Scoring(loss_fn=lambda p, b, batch: batch["x"].flatten(1).sum(1)),
     )
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
     step = sbfunc.make_train_step(
@@ -299,7 +390,12 @@ def test_other_algorithms_never_change_selective_backprops_draws():
     assert _kept_ids(extra_before=[mixup]) == alone
     assert _kept_ids(extra_after=[sbfunc.CutOut(input="x")]) == alone
     second = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, loss_fn=lambda p, b, x: x["x"].sum((1, 2, 3)), name="other"
+        0.0,
+        1.0,
+        0.5,
+        interrupt=0,
+        name="other",
+        scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: x["x"].sum((1, 2, 3))),
     )  # selectors run in list order on every event: listed after SB, it prunes SB's rows
     assert _kept_ids(extra_after=[second]) == alone
 
@@ -307,7 +403,7 @@ def test_other_algorithms_never_change_selective_backprops_draws():
 def test_outside_its_window_the_step_is_plain():
     model, view = _model_state()
     loss_fn = _loss(model)
-    sb = sbfunc.SelectiveBackprop(0.5, 0.9, 0.25, interrupt=0, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(0.5, 0.9, 0.25, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     plain = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
     state = step.init(view.params, view.buffers, key=view.key)
@@ -337,7 +433,7 @@ def test_policies_run_inside_the_step_on_the_clock(make):
     """Inside the step the epoch and elapsed time reach the policy as clock tensors."""
     model, view = _model_state()
     loss_fn = _loss(model)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=make(), ids="id")
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=make(), ids="id")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(view.params, view.buffers, key=view.key)
     for epoch in range(3):

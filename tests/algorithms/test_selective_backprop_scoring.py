@@ -33,7 +33,7 @@ def _run(policy, steps, reuse=None, model=None):
     model = _model() if model is None else model
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=policy, ids=2, reuse_losses=reuse
+        0.0, 1.0, interrupt=0, policy=policy, ids=2, scoring=sbfunc.Scoring(reuse_losses=reuse)
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
@@ -75,18 +75,27 @@ def test_reuse_is_on_by_default_only_when_training_and_scoring_losses_agree():
     dropout = sbfunc.per_sample_loss(_model(True), F.cross_entropy, train=True)
 
     def sb(loss_fn, **kw):
-        return sbfunc.SelectiveBackprop(0.0, 1.0, loss_fn=loss_fn, policy=policy, ids=2, **kw)
+        scoring = sbfunc.Scoring(loss_fn=loss_fn, **kw)
+        return sbfunc.SelectiveBackprop(0.0, 1.0, policy=policy, ids=2, scoring=scoring)
 
     assert sb(plain).reuse_losses
     assert not sb(dropout).reuse_losses  # eval-mode scores differ from train-mode losses
-    assert sb(dropout, score_in_train_mode=True).reuse_losses
+    assert sb(dropout, train=True).reuse_losses
+    unbound = sbfunc.SelectiveBackprop(0.0, 1.0, policy=policy, ids=2)
+    assert not unbound.reuse_losses  # decided when the step binds its loss
+    assert unbound.bind(loss_fn=plain, per_sample=None).reuse_losses
+    assert not unbound.bind(loss_fn=dropout, per_sample=None).reuse_losses
     assert not sbfunc.SelectiveBackprop(
-        0.0, 1.0, loss_fn=plain, policy=P.jiang_cdf(1.0)
+        0.0, 1.0, policy=P.jiang_cdf(1.0), scoring=sbfunc.Scoring(loss_fn=plain)
     ).reuse_losses
     with pytest.raises(ValueError, match="records losses"):
-        sbfunc.SelectiveBackprop(0.0, 1.0, loss_fn=plain, reuse_losses=True)
+        sbfunc.SelectiveBackprop(
+            0.0, 1.0, scoring=sbfunc.Scoring(loss_fn=plain, reuse_losses=True)
+        )
     with pytest.raises(ValueError, match="ids"):
-        sbfunc.SelectiveBackprop(0.0, 1.0, loss_fn=plain, policy=policy, reuse_losses=True)
+        sbfunc.SelectiveBackprop(
+            0.0, 1.0, policy=policy, scoring=sbfunc.Scoring(loss_fn=plain, reuse_losses=True)
+        )
 
 
 def test_reuse_records_the_training_losses_of_the_kept_rows():
@@ -126,7 +135,9 @@ def test_a_proxy_model_scores_for_a_bigger_one():
 
     model = _model()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=score)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+    )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     state, metrics = step(state, _data(0))
@@ -136,7 +147,7 @@ def test_a_proxy_model_scores_for_a_bigger_one():
 def test_downsampled_scoring_that_cannot_fit_the_model_fails_clearly_at_the_first_step():
     model = _model()  # Flatten -> Linear(8, ...): needs the full input length
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, scale_factor=0.5, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, scale_factor=0.5)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     with pytest.raises(ValueError, match=r"only scale_factor=1 works"):

@@ -1,3 +1,5 @@
+import inspect
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,6 +169,42 @@ def test_select_using_loss_raises_composers_exact_messages(kwargs, exc, message)
     with pytest.raises(exc) as info:
         sbfunc.select_using_loss(**args)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("scale_factor", [1, 0.5])
+def test_select_using_loss_on_a_dict_batch_points_to_the_pytree_path(scale_factor):
+    model, x, y = _setup(4)
+    batch = {"x": x, "y": y}
+    with pytest.raises(TypeError, match=r"input as a tensor.*got a dict.*score_losses.*take"):
+        sbfunc.select_using_loss(batch, y, model, F.cross_entropy, scale_factor=scale_factor)
+    with pytest.raises(TypeError, match=r"target as a tensor.*got a list"):
+        sbfunc.select_using_loss(x, y.tolist(), model, F.cross_entropy)
+    # Composer's own checks come first, with its messages
+    with pytest.raises(ValueError, match="scale_factor must be <= 1"):
+        sbfunc.select_using_loss(batch, y, model, F.cross_entropy, scale_factor=2.0)
+    with pytest.raises(TypeError, match="Loss function must be callable"):
+        sbfunc.select_using_loss(batch, y, model, 3)
+
+
+def test_select_using_loss_defaults_are_composers():
+    params = inspect.signature(sbfunc.select_using_loss).parameters
+    assert (params["keep"].default, params["scale_factor"].default) == (0.5, 1)
+    should = inspect.signature(sbfunc.should_selective_backprop).parameters
+    assert [should[n].default for n in ("start", "end", "interrupt")] == [0.5, 0.9, 2]
+
+
+def test_select_using_loss_never_keeps_a_row_with_a_non_finite_loss_it_can_replace():
+    model, x, y = _setup(16)
+
+    def loss_fun(out, target, reduction="none"):
+        losses = F.cross_entropy(out, target, reduction=reduction)
+        return torch.where(torch.arange(16) % 4 == 0, torch.nan, losses)  # rows 0, 4, 8, 12
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        xs, _ = sbfunc.select_using_loss(x, y, model, loss_fun, keep=0.5, generator=g)
+        kept = [i for i in range(16) if any(torch.equal(r, x[i]) for r in xs)]
+        assert len(kept) == 8 and not {0, 4, 8, 12} & set(kept)
 
 
 class _Recorder(nn.Module):

@@ -32,57 +32,56 @@ def model() -> nn.Module:
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def first_half(scores: torch.Tensor, keep: float, *, key: Any) -> Selection:
-    """A selection that keeps the first half of the rows: under a global scope every kept row
-    sits on rank 0 and rank 1 backpropagates none."""
+def _first_half(scores: torch.Tensor, key: Any, ids: Any) -> Selection:
     return Selection(torch.arange(scores.shape[0] // 2, device=scores.device))
+
+
+def first_half() -> Policy:
+    """A policy that keeps the first half of the rows: under a global selection every kept row
+    sits on rank 0 and rank 1 backpropagates none."""
+    return sbfunc.policies.stateless(_first_half)
+
+
+def rank_power() -> Policy:
+    return sbfunc.policies.rank_power(0.5)
 
 
 class Scenario(NamedTuple):
     kind: str  # "global" or "local"
     rebalance: bool
-    policy: Callable[[], Policy] | None = None
-    select: Callable[..., Selection] | None = None
+    policy: Callable[[], Policy] = rank_power
+    ids: bool = False  # read (and gather) the sample ids
 
 
 SCENARIOS = {
     "global_rank_power": Scenario("global", False),
     "global_infobatch": Scenario(
-        "global", False, lambda: sbfunc.policies.infobatch(0.5, num_ids=N)
+        "global", False, lambda: sbfunc.policies.infobatch(0.5, num_ids=N), ids=True
     ),
     "global_jiang_rebalance": Scenario(
-        "global", True, lambda: sbfunc.policies.jiang_cdf(1.0, history=32, reweight=True)
+        "global",
+        True,
+        lambda: sbfunc.policies.jiang_cdf(1.0, history=32, reweight=True),
+        ids=True,
     ),
-    "global_empty_rank": Scenario("global", False, select=first_half),
-    "global_empty_rank_rebalance": Scenario("global", True, select=first_half),
+    "global_empty_rank": Scenario("global", False, first_half),
+    "global_empty_rank_rebalance": Scenario("global", True, first_half),
     "local_rank_power": Scenario("local", False),
     "local_stale_sb": Scenario(
-        "local", False, lambda: sbfunc.policies.stale_sb(1.0, num_ids=N, max_age=2, history=32)
+        "local",
+        False,
+        lambda: sbfunc.policies.stale_sb(1.0, num_ids=N, max_age=2, history=32),
+        ids=True,
     ),
     "local_jiang_rebalance": Scenario(
-        "local", True, lambda: sbfunc.policies.jiang_cdf(2.0, history=32)
+        "local", True, lambda: sbfunc.policies.jiang_cdf(2.0, history=32), ids=True
     ),
 }
 
 
-def local_select(select: Callable[..., Selection], world: int) -> Callable[..., Selection]:
-    """One process's stand-in for a local scope over a stateless rule: the rule applied to each
-    rank's part of the concatenated batch with ``fold_in(key, rank)``."""
-
-    def emulated(scores: torch.Tensor, keep: float, *, key: Any) -> Selection:
-        n = scores.shape[0] // world
-        parts = [
-            select(scores[r * n : (r + 1) * n], keep, key=sbrandom.fold_in(key, r))
-            for r in range(world)
-        ]
-        return _concat(parts, n)
-
-    return emulated
-
-
 def local_policy(policy: Policy, world: int) -> Policy:
-    """One process's stand-in for a local scope over a policy: the ranks' parts replayed in
-    rank order, each with ``fold_in(key, rank)``."""
+    """One process's stand-in for a local selection: the ranks' parts replayed in rank order,
+    each with ``fold_in(key, rank)``."""
 
     def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None):
         n, parts = scores.shape[0] // world, []
@@ -110,31 +109,29 @@ def _concat(parts: list[Selection], n: int) -> Selection:
 
 
 def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = True):
-    """The step and state: data-parallel with a scope when ``comm`` is given, else the
-    one-process reference (with the local scope emulated)."""
+    """The step and state: data-parallel with the policy wrapped for the scenario's selection
+    when ``comm`` is given, else the one-process reference (with the local selection
+    emulated)."""
     net = model()
     loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
-    policy = None if scenario.policy is None else scenario.policy()
-    if policy is not None and comm is None:  # a scoped selection scores every row
-        policy = policy._replace(score_rows=None)
-    select = scenario.select
-    if comm is None and scenario.kind == "local":
-        if policy is None:
-            select = local_select(select or sbfunc.rank_power, WORLD)
-        else:
+    policy = scenario.policy()
+    if comm is None:
+        policy = policy._replace(score_rows=None)  # a wrapped policy scores every row
+        if scenario.kind == "local":
             policy = local_policy(policy, WORLD)
-    # No loss reuse: a scoped selection cannot record per-rank training losses, and the
+    else:
+        wrap = sbdist.local_selection if scenario.kind == "local" else sbdist.global_selection
+        policy = wrap(policy, rebalance=scenario.rebalance, comm=comm)
+    # No loss reuse: a wrapped policy cannot record per-rank training losses, and the
     # one-process reference must decide from the same information.
-    kwargs: dict[str, Any] = (
-        {"policy": policy, "ids": 2, "reuse_losses": False} if policy is not None else {}
+    sb = sbfunc.SelectiveBackprop(
+        0.0,
+        1.0,
+        interrupt=0,
+        policy=policy,
+        ids=2 if scenario.ids else None,
+        scoring=sbfunc.Scoring(reuse_losses=False),
     )
-    if policy is None:
-        kwargs.update(keep=0.5, select=select)
-    if comm is not None:
-        kwargs["scope"] = sbdist.selection_scope(
-            scenario.kind, rebalance=scenario.rebalance, comm=comm
-        )
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=loss_fn, **kwargs)
     params, buffers = sbfunc.split_module(net, clone=True)
     algs = [sb] if algorithms else []
     if comm is None:

@@ -60,10 +60,8 @@ def _resume_build(comm: sbdist.Comm):
             0.0,
             1.0,
             interrupt=3,
-            loss_fn=loss_fn,
-            policy=sbfunc.policies.jiang_cdf(1.0, history=32),
+            policy=sbdist.local_selection(sbfunc.policies.jiang_cdf(1.0, history=32), comm=comm),
             refill=example,
-            scope=sbdist.selection_scope("local", comm=comm),
         ),
         sbdist.per_rank(sbfunc.CutOut(length=0.25), comm=comm),
     ]

@@ -48,7 +48,7 @@ def test_buckets_cover_every_tensor_once_by_dtype_within_the_cap(sizes, cap):
 @pytest.mark.parametrize("name", ["global_infobatch", "global_jiang_rebalance", "local_stale_sb"])
 def test_the_data_parallel_step_of_one_equals_the_plain_step(name):
     scenario = common.SCENARIOS[name]
-    if scenario.kind == "local":  # a local scope of one folds rank 0 into the key
+    if scenario.kind == "local":  # a local selection of one folds rank 0 into the key
         scenario = scenario._replace(kind="global")
     plain = common.run(*common.build(scenario, None), rank=0, world=1)
     parallel = common.run(*common.build(scenario, sbdist.Comm()), rank=0, world=1)
@@ -62,10 +62,8 @@ def test_a_step_with_no_row_anywhere_skips_the_update():
     net = common.model()
     loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
     x, y = common.data()
-    sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=sbfunc.policies.jiang_cdf(1.0),
-        refill=(x[:16], y[:16]), scope=sbdist.selection_scope("local"),
-    )  # fmt: skip
+    policy = sbdist.local_selection(sbfunc.policies.jiang_cdf(1.0))
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, refill=(x[:16], y[:16]))
     step = sbdist.make_data_parallel_step(loss_fn, sbfunc.optim.adam(1e-2), [sb])
     state = step.init(*sbfunc.split_module(net, clone=True), key=common.KEY)
     new, metrics = step(state, (x[:4], y[:4]))  # at most 4 rows queued: no full batch of 16
@@ -87,12 +85,48 @@ def test_step_arguments_are_checked():
         sbdist.make_data_parallel_step(loss_fn, opt, buffers="sum")
     with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
         sbdist.make_data_parallel_step(loss_fn, opt, comm="world")
-    with pytest.raises(ValueError, match="kind must be 'local' or 'global', got 'all'"):
-        sbdist.selection_scope("all")
+
+
+@pytest.mark.parametrize("wrap", [sbdist.local_selection, sbdist.global_selection])
+def test_selection_wrappers_check_their_arguments(wrap):
+    top = sbfunc.policies.top_k(0.5)
+    with pytest.raises(TypeError, match=r"policy must be an sbfunc\.policies\.Policy"):
+        wrap("global")
     with pytest.raises(TypeError, match="rebalance must be True or False"):
-        sbdist.selection_scope("local", rebalance=1)
-    with pytest.raises(TypeError, match="scope must be a selection scope"):
-        sbfunc.SelectiveBackprop(loss_fn=loss_fn, scope="global")
+        wrap(top, rebalance=1)
+    with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
+        wrap(top, comm="world")
+    with pytest.raises(ValueError, match="already a data-parallel selection"):
+        wrap(wrap(top, rebalance=True))
+    with pytest.raises(ValueError, match="scores every row"):
+        wrap(top).select(torch.rand(4), (), key=sbfunc.random.key(0), scored=torch.ones(4) > 0)
+
+
+@pytest.mark.parametrize("wrap", [sbdist.local_selection, sbdist.global_selection])
+@pytest.mark.parametrize("rebalance", [False, True])
+def test_a_wrapped_policy_of_one_process_selects_like_the_policy(wrap, rebalance):
+    """A world of one: global selection is the policy itself; local selection folds rank 0
+    into the key. Rebalancing moves nothing."""
+    policy = sbfunc.policies.jiang_cdf(1.0, history=16)
+    wrapped = wrap(policy, rebalance=rebalance)
+    assert wrapped.score_rows is None and wrapped.record is None
+    assert (wrapped.prune is not None) == rebalance
+    scores, key = torch.rand(12), sbfunc.random.key(3)
+    inner_key = sbfunc.random.fold_in(key, 0) if wrap is sbdist.local_selection else key
+    want, want_state = policy.select(scores, policy.init(), key=inner_key)
+    batch = (torch.arange(12.0)[:, None], torch.arange(12))
+    out = sbfunc.policies.apply_policy(wrapped, wrapped.init(), batch, scores, key=key)
+    assert torch.equal(out.indices, want.indices) and torch.equal(out.batch[1], want.indices)
+    assert torch.equal(out.state.values, want_state.values)
+
+
+def test_rebalancing_refuses_a_per_sample_spec():
+    wrapped = sbdist.global_selection(sbfunc.policies.top_k(0.5), rebalance=True)
+    with pytest.raises(ValueError, match="per_sample is not supported with rebalance"):
+        sbfunc.policies.apply_policy(
+            wrapped, (), (torch.zeros(4, 2),), torch.rand(4), key=sbfunc.random.key(0),
+            per_sample=(True,),
+        )  # fmt: skip
 
 
 def test_per_rank_draws_from_the_key_folded_with_the_rank():

@@ -6,7 +6,6 @@ from sbfunc.policies import (
     apply_policy,
     infobatch,
     jiang_cdf,
-    needs_scoring,
     score_needed,
     stale_sb,
 )
@@ -38,7 +37,6 @@ def _recording(calls):
 
 def test_score_needed_forwards_only_rows_that_need_it():
     policy = stale_sb(1.0, num_ids=6, max_age=2)
-    assert policy.score_rows is needs_scoring
     batch, ids = torch.arange(4.0), torch.tensor([0, 1, 2, 3])
     calls = []
     score_fn = _recording(calls)
@@ -53,7 +51,7 @@ def test_score_needed_forwards_only_rows_that_need_it():
         10.0,
         30.0,
     ]
-    assert needs_scoring(state, ids2, 1).tolist() == scored.tolist()
+    assert policy.score_rows(state, ids2, 1).tolist() == scored.tolist()
     scores, scored, forwarded = score_needed(policy, state, batch[:2], ids[:2], 1, score_fn)
     assert forwarded == 0 and calls == [4, 2] and not scored.any()
     # the epoch may come as a 0-d tensor (what a compiled step passes)

@@ -48,7 +48,7 @@ def test_importance_weights_make_the_weighted_mean_unbiased():
     sels = draws(grad_norm_importance(0.5, switch=False), scores, n=4000)
     assert_mean_close(weighted_means(sels, losses), float(losses.double().mean()))
     # duplicates are merged: at most k distinct rows, multiplicities sum to k
-    k = sbfunc.kept_count(8, 0.5)
+    k = sbfunc.select.kept_count(8, 0.5)
     assert float(kept_counts(sels).max()) <= k
 
 

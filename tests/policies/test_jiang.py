@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import jiang_cdf, needs_scoring, stale_sb
+from sbfunc.policies import jiang_cdf, stale_sb
+from sbfunc.policies.jiang import needs_scoring
 from tests.policies.helpers import assert_mean_close, draws, kept_counts, weighted_means
 
 

@@ -40,6 +40,6 @@ def test_keeps_kept_count_and_records_every_loss(n, keep, seed):
     ids = torch.randperm(40, generator=torch.Generator().manual_seed(seed))[:n]
     scores = sbrandom.uniform(sbrandom.key(seed), (n,))
     sel, table = policy.select(scores, policy.init(), key=sbrandom.key(seed), ids=ids, epoch=3)
-    assert sel.indices.shape[0] == sbfunc.kept_count(n, keep) and sel.weights is None
+    assert sel.indices.shape[0] == sbfunc.select.kept_count(n, keep) and sel.weights is None
     assert torch.equal(table.loss[ids], scores) and bool((table.epoch[ids] == 3).all())
     assert int((table.epoch >= 0).sum()) == n

@@ -18,19 +18,19 @@ from sbfunc.policies import (
     infobatch,
     jiang_cdf,
     loshchilov,
-    random_policy,
-    rank_power_policy,
+    random_subset,
+    rank_power,
     rho_loss,
     stale_sb,
-    top_k_policy,
+    top_k,
 )
 
 NUM_IDS = 64
 
 POLICIES = {
-    "rank_power": lambda: rank_power_policy(0.5),
-    "top_k": lambda: top_k_policy(0.3),
-    "random": lambda: random_policy(0.5),
+    "rank_power": lambda: rank_power(0.5),
+    "top_k": lambda: top_k(0.3),
+    "random": lambda: random_subset(0.5),
     "jiang": lambda: jiang_cdf(2.0, history=16, sampling_min=0.05),
     "jiang_reweight": lambda: jiang_cdf(1.0, history=16, reweight=True),
     "stale_sb": lambda: stale_sb(1.0, num_ids=NUM_IDS, max_age=2, history=16),
@@ -157,9 +157,9 @@ def test_bad_scores_are_refused(name, scores, error):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: rank_power_policy(0.0),
-        lambda: top_k_policy(1.5),
-        lambda: random_policy(True),
+        lambda: rank_power(0.0),
+        lambda: top_k(1.5),
+        lambda: random_subset(True),
         lambda: jiang_cdf(0.0),
         lambda: jiang_cdf(1.0, history=0),
         lambda: jiang_cdf(1.0, sampling_min=1.5),

@@ -34,9 +34,7 @@ def build() -> tuple[sbfunc.TrainStep, sbfunc.TrainState, Any]:
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     algorithms = [
-        sbfunc.SelectiveBackprop(
-            0.2, 0.9, interrupt=3, loss_fn=loss_fn, policy=sbfunc.policies.jiang_cdf(2.0)
-        ),
+        sbfunc.SelectiveBackprop(0.2, 0.9, interrupt=3, policy=sbfunc.policies.jiang_cdf(2.0)),
         sbfunc.CutOut(length=0.25),
         sbfunc.LabelSmoothing(0.1, num_classes=3),
     ]

@@ -40,12 +40,11 @@ def _build(policy=None, refill=False, others=True):
     model = _model()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     if policy is None:
-        sb = sbfunc.SelectiveBackprop(0.25, 0.75, keep=0.5, interrupt=2, loss_fn=loss_fn)
+        sb = sbfunc.SelectiveBackprop(0.25, 0.75, keep=0.5, interrupt=2)
     else:
         sb = sbfunc.SelectiveBackprop(
-            0.25, 0.75, interrupt=2, loss_fn=loss_fn, policy=policy, ids=2,
-            refill=_batch(0) if refill else None,
-        )  # fmt: skip
+            0.25, 0.75, interrupt=2, policy=policy, ids=2, refill=_batch(0) if refill else None
+        )
     algorithms = [sb]
     if others:
         algorithms += [

@@ -25,12 +25,17 @@ SCORE_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy)
 
 def _sb(name: str) -> sbfunc.SelectiveBackprop:
     if name in {"rank_power", "top_k", "random_subset"}:
-        select = getattr(sbfunc, name)
+        policy = getattr(sbfunc.policies, name)(0.5)
         return sbfunc.SelectiveBackprop(
-            0.0, 1.0, 0.5, interrupt=0, loss_fn=SCORE_LOSS, select=select
+            0.0, 1.0, interrupt=0, policy=policy, scoring=sbfunc.Scoring(loss_fn=SCORE_LOSS)
         )
     return sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=SCORE_LOSS, policy=POLICIES[name](), ids=2
+        0.0,
+        1.0,
+        interrupt=0,
+        policy=POLICIES[name](),
+        ids=2,
+        scoring=sbfunc.Scoring(loss_fn=SCORE_LOSS),
     )
 
 

@@ -154,10 +154,8 @@ def test_fit_counts_loader_batches_when_refill_skips_updates():
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     data = [(torch.randn(4, 3), torch.randint(0, 2, (4,))) for _ in range(3)]
-    sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, loss_fn=loss_fn, policy=sbfunc.policies.top_k_policy(0.5),
-        refill=data[0],
-    )  # fmt: skip
+    policy = sbfunc.policies.top_k(0.5)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, refill=data[0])
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(params, buffers, key=sbrandom.key(0))
     result = sbfunc.fit(step, state, data, epochs=2, progress=False)

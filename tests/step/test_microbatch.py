@@ -39,7 +39,7 @@ def _setup(bn=False):
     return model, data
 
 
-def _weighted(scores, keep, *, key):
+def _weighted(scores, key, ids):
     """Keeps the 6 highest-loss rows, with weights that differ from row to row."""
     idx = torch.sort(torch.topk(scores, 6).indices).values
     return sbfunc.Selection(idx, torch.linspace(0.5, 1.5, 6))
@@ -50,9 +50,21 @@ def _algorithms(model, kind):
     if kind == "none":
         return []
     if kind == "sb":
-        return [sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=score)]
+        return [
+            sbfunc.SelectiveBackprop(
+                0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+            )
+        ]
     if kind == "sb-weighted":
-        return [sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, loss_fn=score, select=_weighted)]
+        return [
+            sbfunc.SelectiveBackprop(
+                0.0,
+                1.0,
+                interrupt=0,
+                policy=sbfunc.policies.stateless(_weighted),
+                scoring=sbfunc.Scoring(loss_fn=score),
+            )
+        ]
     return [sbfunc.LabelSmoothing(0.1, num_classes=3)]  # BEFORE_LOSS / AFTER_LOSS per chunk
 
 
@@ -112,7 +124,7 @@ class Sizes(sbfunc.Algorithm):
 def test_selection_comes_first_then_the_kept_rows_split():
     model, data = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Sizes()], microbatch_size=2)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     state, metrics = step(state, data[0])
@@ -195,7 +207,7 @@ def test_the_core_compiles_with_fullgraph_after_selection():
     torch._dynamo.reset()
     model, data = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb], microbatch_size=2)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     plan = step.plan(state, data[0])

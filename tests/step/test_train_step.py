@@ -100,15 +100,15 @@ def test_selective_backprop_gradients_equal_autograd_on_kept_rows():
     model, params, buffers = _setup()
     lr, kept = 0.1, []
 
-    def select(scores, keep, *, key):
-        sel = sbfunc.rank_power(scores, keep, key=key)
+    rank_power = sbfunc.policies.rank_power(0.25)
+
+    def select(scores, key, ids):
+        sel, _ = rank_power.select(scores, rank_power.init(), key=key)
         kept.append(sel.indices)
         return sel
 
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(
-        start=0.0, end=1.0, keep=0.25, interrupt=0, loss_fn=loss_fn, select=select
-    )
+    policy = sbfunc.policies.stateless(select)
+    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, interrupt=0, policy=policy)
     step = _make(model, [sb], opt=sbfunc.optim.sgd(lr))
     state = _init(step, params, buffers)
     x, y = _data(32)
@@ -126,8 +126,7 @@ def test_selective_backprop_gradients_equal_autograd_on_kept_rows():
 
 def test_keep_one_equals_plain_step_exactly():
     model, params, buffers = _setup()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=1.0, interrupt=0, loss_fn=loss_fn)
+    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=1.0, interrupt=0)
     plain = _make(model, opt=sbfunc.optim.adam(1e-2))
     selective = _make(model, [sb], opt=sbfunc.optim.adam(1e-2))
     s1, s2 = _init(plain, params, buffers), _init(selective, params, buffers)
