@@ -44,6 +44,7 @@ import re
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -70,7 +71,9 @@ def sbfunc_algorithms(variant: str, model: nn.Module, classes: int) -> list[sbfu
     if variant == "plain":
         return []
     score_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
-    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=KEEP, interrupt=0, loss_fn=score_fn)
+    sb = sbfunc.SelectiveBackprop(
+        start=0.0, end=1.0, keep=KEEP, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score_fn)
+    )
     if variant == "SB":
         return [sb]
     return [sb, sbfunc.CutOut(), sbfunc.MixUp(num_classes=classes),
@@ -141,7 +144,12 @@ def hand_runner(model: nn.Module, select: str | None, compiled: bool, batch: int
     zeros = {n: torch.zeros_like(p) for n, p in params.items()}
     state = [HandState(params, zeros, dict(zeros), torch.zeros((), dtype=torch.int64),
                        sbfunc.random.key(0))]  # fmt: skip
-    call = torch.compile(step, fullgraph=True) if compiled else step
+    # dynamo caches graphs per code object: each hand step gets its own (as TrainStep does),
+    # so no step checks another's guards and no model runs into the recompile limit
+    own = types.FunctionType(
+        step.__code__.replace(), step.__globals__, "step", None, step.__closure__
+    )
+    call = torch.compile(own, fullgraph=True) if compiled else step
 
     def advance(b: Batch) -> None:
         state[0] = call(state[0], *b)[0]
@@ -215,7 +223,7 @@ def compile_facts(counters: Any) -> str:
         what = "" if at is None else f" ({at.group(1) or at.group(2)})"
         reasons.append(f"{n}x {reason.strip().splitlines()[0]}{what}")
     return (
-        f"{len(counters['resumes'])} resume functions, "
+        f"{sum(counters['resumes'].values())} resume functions, "
         f"{counters['stats']['unique_graphs']} graphs, {sum(counters['graph_break'].values())} "
         "graph breaks" + "".join(f"\n      {r}" for r in reasons)
     )
