@@ -174,7 +174,7 @@ def _cases():
 
 
 @pytest.mark.filterwarnings("ignore::sbfunc.per_sample.VmapFallbackWarning")
-@settings(max_examples=10, deadline=None, derandomize=True, database=None)
+@settings(max_examples=6, deadline=None, derandomize=True, database=None)
 @given(
     case=_cases(),
     reduction=st.sampled_from(["mean", "sum"]),

@@ -20,7 +20,7 @@ backpack = pytest.importorskip("backpack")
 extensions = pytest.importorskip("backpack.extensions")
 
 N = 48
-SUBSETS = [None, [0, 1, 13, 42], [42, 0, 0, 13, 7]]  # the seed's subset; repeats, any order
+SUBSETS = [[0, 1, 13, 42], [42, 0, 0, 13, 7]]  # the seed's subset; repeats, any order
 CRITERIA = {"ce": (nn.CrossEntropyLoss, F.cross_entropy), "mse": (nn.MSELoss, F.mse_loss)}
 
 
@@ -98,12 +98,12 @@ def test_sqrt_ggn_and_diagonals_match_backpack(name, kind, reduction):
     diag = diag_ggn_exact(loss_fn, reduction=reduction)(params, buffers, batch, chunk_size=20)
     rows = batch_diag_ggn_exact(loss_fn, reduction=reduction)(params, buffers, batch)
     sub_rows = batch_diag_ggn_exact(loss_fn, reduction=reduction)(
-        params, buffers, batch, subsampling=SUBSETS[2]
+        params, buffers, batch, subsampling=SUBSETS[1]
     )
     for k, p in bp.items():
         torch.testing.assert_close(diag[k], p.diag_ggn_exact)
         torch.testing.assert_close(rows[k], p.diag_ggn_exact_batch)
-        torch.testing.assert_close(sub_rows[k], p.diag_ggn_exact_batch[SUBSETS[2]])
+        torch.testing.assert_close(sub_rows[k], p.diag_ggn_exact_batch[SUBSETS[1]])
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook")
