@@ -1,6 +1,6 @@
 """Selection overhead and Selective Backprop step speed, measured side by side.
 
-(a) Selection overhead (rank + sample + gather, no forward) of ``sbfunc.rank_power`` + ``take``
+(a) Selection overhead (rank + sample + gather, no forward) of ``policies.rank_power`` + ``take``
     against Composer's numpy path (argsort, weights on the host, ``np.random.choice`` without
     replacement, gather), at N = 256, 1024, 8192; and as a share of a full CNN train step at 256.
 (b) One SB step (no-grad scoring forward + selection + train step on the kept rows) against
@@ -67,7 +67,8 @@ def composer_select(x: torch.Tensor, y: torch.Tensor, losses: torch.Tensor, keep
 
 
 def sbfunc_indices(losses: torch.Tensor, keep: float, key) -> torch.Tensor:
-    return sbfunc.rank_power(losses, keep, key=key).indices
+    policy = sbfunc.policies.rank_power(keep)
+    return policy.select(losses, policy.init(), key=key)[0].indices
 
 
 def sbfunc_select(x: torch.Tensor, y: torch.Tensor, losses: torch.Tensor, keep: float, key):
