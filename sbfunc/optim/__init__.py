@@ -7,9 +7,11 @@ optax's design: ``opt = sbfunc.optim.adam(1e-3)``; ``state = opt.init(params)``;
 ``dict[str, Tensor]``; a :class:`GradientTransformation` maps gradients to updates and never
 modifies its inputs, and :func:`chain` composes them (the state is the tuple of the parts'
 states). :func:`sgd`, :func:`adam`, :func:`adamw`, :func:`decoupled_sgdw` and
-:func:`decoupled_adamw` are such chains: their states equal ``torch.optim.SGD``/``Adam``/
-``AdamW``'s and Composer's ``DecoupledSGDW``/``DecoupledAdamW``'s bit for bit, and so do the
-parameters of ``adam`` (see each function for the others' last rounding). A learning rate (or
+:func:`decoupled_adamw` are such chains of torch.optim's (and Composer's) formulas and
+rounding: ``adam`` gives ``torch.optim.Adam``'s parameters bit for bit; the others keep
+torch's momentum buffers and moments bit for bit for the same inputs, and their parameters
+differ by one rounding per step, where torch fuses the parameter into its last kernel (see
+each function). A learning rate (or
 weight decay) may be a schedule, a function of the state's step count evaluated with tensor ops,
 so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updates) and
 :func:`multi_steps` (gradient accumulation) wrap a transformation.

@@ -60,7 +60,7 @@ def sgd(
     ``b = momentum * b + (1 - dampening) * g``; ``g = g + momentum * b`` (Nesterov) or
     ``g = b``; the update is ``-lr * g``. Every quantity is one foreach kernel over all
     parameters (per device and dtype), nothing syncs with the host, and the inputs are never
-    modified. The momentum buffers equal torch's bit for bit; ``apply_updates(p, -lr * g)``
+    modified. The momentum buffers follow torch's bit for bit; ``apply_updates(p, -lr * g)``
     rounds twice where torch's fused ``p.add_(g, alpha=-lr)`` rounds once (as torch's own
     compiled path, which also multiplies first), so the parameters differ by about 1 ulp per
     step.
