@@ -266,11 +266,11 @@ class SelectiveBackprop(Algorithm):
         t = state.time
         return in_window(t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt)
 
-    def _check_fit(self, state: State) -> None:
+    def _check_fit(self, state: State, loss_fn: LossFn) -> None:
         shape = tuple(extract(state.batch, self.scoring.input, "input").shape[1:])
         if shape not in self._fits:
             check_downsampled_scoring(
-                self.loss_fn, state.params, state.buffers, state.batch, self.scale_factor,
+                loss_fn, state.params, state.buffers, state.batch, self.scale_factor,
                 input=self.scoring.input, per_sample=self.per_sample,
             )  # fmt: skip
             self._fits.add(shape)
@@ -292,7 +292,7 @@ class SelectiveBackprop(Algorithm):
                 "give SelectiveBackprop(..., scoring=sbfunc.Scoring(loss_fn=...))"
             )
         if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
-            self._check_fit(state)  # once per input shape, eagerly
+            self._check_fit(state, self.loss_fn)  # once per input shape, eagerly
         batch, spec = state.batch, self.per_sample
         score: Callable[[Any], torch.Tensor] = partial(
             score_losses,
