@@ -107,8 +107,8 @@ def make_train_step(
         callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))
     ):
         raise TypeError(
-            "optimizer must be a gradient transformation with init(params) and "
-            "update(grads, state, params) -> (updates, state), e.g. sbfunc.optim.adam(1e-3); "
+            "optimizer must have init(params) and update(grads, state, params) -> "
+            "(updates, state): a gradient transformation such as sbfunc.optim.adam(1e-3); "
             f"got {type(optimizer).__name__}"
         )
     if isinstance(loss_fn, ModuleLoss):

@@ -69,7 +69,6 @@ BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` docum
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
 NonFinite = Literal["skip", "raise", "allow"]
-_get_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: None)
 
 
 class StepMetrics(NamedTuple):
@@ -178,10 +177,12 @@ class TrainStep(nn.Module):
         # torch.compile caches graphs per code object: this step's own copy of the traced core
         # keeps several compiled steps in one process out of each other's cache entries
         # (otherwise every call checks the guards of every step's entries).
-        fn = type(self).core
-        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-        self.core = types.MethodType(own, self)  # type: ignore[method-assign]
-        self._host_plan = torch.compiler.disable(self.plan)
+        # (``__call__`` too: ``torch.compile(step)`` looks it up on the instance.)
+        for name in ("__call__", "core"):
+            fn = getattr(type(self), name)
+            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+            setattr(self, name, types.MethodType(own, self))
+        self._host_plan = torch.compiler.disable(self._prepare)
         self._host_finish = torch.compiler.disable(self.finish)
 
     def init(
@@ -227,7 +228,8 @@ class TrainStep(nn.Module):
                 alg.init(sbrandom.fold_in(init_key, s))
                 for alg, s in zip(self.algorithms, streams, strict=True)
             ),
-            time=Time(updates_skipped=zero, total_steps=total_steps, rows_nonfinite=zero),
+            # two tensors, never one object twice (a compiled step would guard on the alias)
+            time=Time(updates_skipped=zero, total_steps=total_steps, rows_nonfinite=zero.clone()),
         )
         return self.fire(Event.INIT, state)[0]
 
@@ -236,18 +238,31 @@ class TrainStep(nn.Module):
         algorithms and order (see :func:`sbfunc.run_event`)."""
         return run_event(event, state, self.algorithms, self.passes, planner=self.all_events)
 
-    @torch.compiler.disable(recursive=False)
-    def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
-        """One training step on ``batch``: ``plan``, ``core``, ``finish``."""
-        if _get_callback() is None:  # eagerly: no compiler wrappers on the way
-            plan = self.plan(state, batch)
+    def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
+        """One training step on ``batch``: ``plan``, ``core``, ``finish``.
+
+        ``torch.compile(step)`` traces this method directly (not ``nn.Module.__call__``):
+        ``plan`` and ``finish`` are excluded from compilation, so a step is three small
+        compiled frames around one graph of the core (see the module docs).
+        """
+        if torch.compiler.is_compiling():  # the host parts stay out of the graph
+            plan, batch = self._host_plan(state, batch, True)
             carry, out = self.core(plan, state, batch)
-            return self.finish(state, carry, out)
-        # Under torch.compile only ``core`` is traced; the host parts run uncompiled.
-        batch = _host_strings(batch, per_sample=self.per_sample)  # no string guards
-        plan = self._host_plan(state, batch)
+            return self._host_finish(state, carry, out)
+        plan = self.plan(state, batch)
         carry, out = self.core(plan, state, batch)
-        return self._host_finish(state, carry, out)
+        return self.finish(state, carry, out)
+
+    def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
+        """The same as calling the step (``nn.Module``'s entry point)."""
+        return self(state, batch)
+
+    def _prepare(self, state: TrainState, batch: Any, compiling: bool) -> tuple[StepPlan, Any]:
+        """The plan, and under compilation the batch with text fields as row indices (so the
+        compiled core never guards on strings)."""
+        if compiling:
+            batch = strings_as_row_indices(batch, per_sample=self.per_sample)
+        return self.plan(state, batch), batch
 
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` from ``state.time``; events
@@ -407,9 +422,9 @@ class TrainStep(nn.Module):
             bad = int(out.rows_nonfinite)
             if bad:
                 raise FloatingPointError(
-                    f"step {state.time.step}: {bad} of {out.samples_in_batch} rows have a "
-                    "non-finite input or loss. Pass nonfinite='skip' to make_train_step to leave "
-                    "such rows out of the update and count them instead"
+                    f"step {state.time.step}: {bad} of {out.samples_in_batch} rows have an "
+                    "input or loss that is not finite. Pass nonfinite='skip' to make_train_step "
+                    "to leave such rows out of the update and count them instead"
                 )
         context = carry.context
         scored = context.samples_scored
@@ -448,6 +463,3 @@ def _advance(carry: Carry) -> Carry:
         return carry
     t = t._replace(step=t.step + 1, batch_in_epoch=t.batch_in_epoch + 1)
     return carry._replace(context=context._replace(time=t))
-
-
-_host_strings = torch.compiler.disable(strings_as_row_indices)

@@ -119,8 +119,10 @@ def test_the_core_compiles_with_fullgraph(compiled_run):
     run, out = core(plan, state, _batch(0))
     eager_run, eager_out = step.core(plan, state, _batch(0))
     assert out.samples_backpropagated == eager_out.samples_backpropagated == N // 2
-    for k in run.params:
-        torch.testing.assert_close(run.params[k], eager_run.params[k], rtol=1e-6, atol=1e-7)
+    for k in run.context.params:
+        torch.testing.assert_close(
+            run.context.params[k], eager_run.context.params[k], rtol=1e-6, atol=1e-7
+        )
 
 
 def test_variable_count_policy_with_refill_compiles_to_a_bounded_number_of_graphs():

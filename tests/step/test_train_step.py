@@ -223,18 +223,35 @@ def test_nonfinite_skip_keeps_everything_and_counts_skipped_updates():
     step = _make(model, opt=sbfunc.optim.adam(1e-2))
     state, _ = step(_init(step, params, buffers), _data(seed=1))  # a non-trivial opt_state
     x, y = _data()
-    x = x.clone()
-    x[3] = float("nan")  # one NaN input row makes the loss NaN
+    x = torch.full_like(x, float("nan"))  # no finite row left: the update is skipped
     skipped, metrics = step(state, (x, y))
     assert bool(metrics.skipped) and torch.isnan(metrics.loss)
     assert _same(skipped.params, state.params) and _same(skipped.buffers, state.buffers)
     s_leaves, o_leaves = (torch.utils._pytree.tree_leaves(s.opt_state) for s in (skipped, state))
     assert all(torch.equal(a, b) for a, b in zip(s_leaves, o_leaves, strict=True))
     assert int(skipped.time.updates_skipped) == 1 and skipped.time.step == state.time.step + 1
+    assert int(metrics.rows_nonfinite) == len(y) == int(skipped.time.rows_nonfinite)
     again, _ = step(skipped, (x, y))
     good, m_good = step(again, _data(seed=2))
     assert int(again.time.updates_skipped) == 2 and int(good.time.updates_skipped) == 2
     assert not bool(m_good.skipped) and not _same(good.params, again.params)
+
+
+def test_a_corrupt_row_costs_one_row_and_is_counted():
+    model, params, buffers = _setup()
+    step = _make(model, opt=sbfunc.optim.sgd(0.1))
+    state = _init(step, params, buffers)
+    x, y = _data()
+    x = x.clone()
+    x[3] = float("nan")  # one NaN input row
+    new, metrics = step(state, (x, y))
+    assert not bool(metrics.skipped) and torch.isfinite(metrics.loss)
+    assert int(metrics.rows_nonfinite) == 1 == int(new.time.rows_nonfinite)
+    keep = torch.tensor([i for i in range(len(y)) if i != 3])
+    alone, _ = step(state, (x[keep], y[keep]))  # the update on the finite rows alone
+    for k in new.params:
+        torch.testing.assert_close(new.params[k], alone.params[k], rtol=1e-6, atol=1e-7)
+    assert new.time.samples_backpropagated == len(y)  # the row went through, with weight 0
 
 
 def test_nonfinite_raise_and_allow():
@@ -325,7 +342,7 @@ def test_each_step_has_its_own_traced_code():
     loss_fn = sbfunc.per_sample_loss(net, torch.nn.functional.cross_entropy)
     a = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
     b = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-    for name in ("forward", "core"):
+    for name in ("__call__", "core"):
         code_a, code_b = getattr(a, name).__code__, getattr(b, name).__code__
         assert code_a is not code_b and code_a == code_b  # same program, distinct objects
     state = a.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(0))
