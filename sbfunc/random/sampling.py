@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sbfunc.random._threefry import block, counters, normalize_shape, words
+from sbfunc.random._threefry import block, counters, host_words, normalize_shape, words
 from sbfunc.random.keys import Key, check_key
 from sbfunc.validation import check_fraction, check_real
 
@@ -41,10 +41,27 @@ def check_float_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
+_HOST_BLOCKS_MAX = 32  # up to this many elements, Python-int blocks beat ~300 tensor ops
+
+
 def _blocks(k: Key, shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both output words of the block for every element of ``shape``."""
-    hi, lo = counters(normalize_shape(shape), device)
-    w0, w1 = words(check_key(k, "k"), device)
+    """Both output words of the block for every element of ``shape``.
+
+    Eagerly on the CPU a small draw (a batch's worth of tie noise or Gumbel noise) runs the
+    blocks on Python ints and makes one tensor: ~10 us a block instead of the ~0.6 ms of the
+    vectorised cipher's ~300 small tensor ops; the words are the same.
+    """
+    dims = normalize_shape(shape)
+    k = check_key(k, "k")
+    n = math.prod(dims)
+    small = isinstance(n, int) and 0 < n <= _HOST_BLOCKS_MAX
+    if small and device.type == "cpu" and host_words(k):
+        w0, w1 = words(k)
+        y = torch.tensor([block(w0, w1, 0, i) for i in range(n)], dtype=torch.int64)
+        y = y.reshape(*dims, 2)
+        return y[..., 0], y[..., 1]
+    hi, lo = counters(dims, device)
+    w0, w1 = words(k, device)
     y0, y1 = block(w0, w1, hi, lo)
     return torch.as_tensor(y0), torch.as_tensor(y1)
 

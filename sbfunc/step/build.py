@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sbfunc.batch import PerSample, check_per_sample, check_same_spec
+from sbfunc.batch import PerSample, check_per_sample
 from sbfunc.engine import Algorithm
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, draws_randomness
@@ -131,7 +131,9 @@ def make_train_step(
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
         raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
-    check_same_spec(check_per_sample(per_sample), algorithms)
+    # Each algorithm takes the step's loss and per-sample spec (a spec of its own that
+    # disagrees is refused there).
+    check_per_sample(per_sample)
     algorithms = tuple(a.bind(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
     split = microbatching(microbatches, microbatch_size)
     return TrainStep(

@@ -201,11 +201,6 @@ def test_without_the_spec_a_class_weight_with_c_equal_n_is_pruned():
     check_aligned(kept, 4)
 
 
-@pytest.mark.xfail(
-    reason="make_train_step checks the specs before it binds the algorithms (sbfunc/step/"
-    "build.py): bind gives the step's spec to an algorithm with none of its own",
-    strict=False,
-)
 def test_the_step_and_the_algorithm_must_agree_on_the_spec():
     sb = sbfunc.SelectiveBackprop(per_sample=SPEC)
     opt = sbfunc.optim.sgd(0.1)
