@@ -301,7 +301,8 @@ def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:
         ValueError: naming the first algorithm whose spec differs, and both specs.
 
     Example:
-        >>> sb = sbfunc.SelectiveBackprop(per_sample={"w": False}, scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: x))
+        >>> scoring = sbfunc.Scoring(loss_fn=lambda p, b, x: x)
+        >>> sb = sbfunc.SelectiveBackprop(per_sample={"w": False}, scoring=scoring)
         >>> sbfunc.batch.check_same_spec({"w": False}, [sbfunc.chain(sb)])
         >>> sbfunc.batch.check_same_spec(None, [sb])
         Traceback (most recent call last):

@@ -120,7 +120,7 @@ def test_one_rule_phases_then_list_order_first_in_last_out_on_exactly_the_after_
 @given(algorithm_lists(), events(), st.data())
 def test_ordering_once_then_filtering_equals_ordering_the_matched(algs, event, data):
     keep = data.draw(st.lists(st.booleans(), min_size=len(algs), max_size=len(algs)))
-    matched = [a for a, k in zip(algs, keep) if k]
+    matched = [a for a, k in zip(algs, keep, strict=True) if k]
     whole = run_passes(DEFAULT_PASSES, algs, event)
     chosen = {id(a) for a in matched}
     assert ids(a for a in whole if id(a) in chosen) == ids(

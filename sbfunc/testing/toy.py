@@ -7,8 +7,8 @@ from typing import Any
 
 from sbfunc.engine.algorithm import Algorithm, ApplyResult
 from sbfunc.engine.events import Event
-from sbfunc.engine.trace import Trace, trace_labels
 from sbfunc.engine.state import State
+from sbfunc.engine.trace import Trace, trace_labels
 
 __all__ = ["Toy", "applied"]
 
