@@ -70,7 +70,14 @@ class DataParallelStep(TrainStep):
         )
         self.comm, self.bucket_bytes, self.buffer_sync = comm, bucket_bytes, buffers
 
-    def init(self, params: Params, buffers: Params, *, key: torch.Tensor) -> TrainState:
+    def init(
+        self,
+        params: Params,
+        buffers: Params,
+        *,
+        key: torch.Tensor,
+        total_steps: int | None = None,
+    ) -> TrainState:
         """Like :meth:`TrainStep.init`, after taking rank 0's ``params``, ``buffers`` and
         ``key`` on every rank (as DDP broadcasts the module at construction)."""
         sbrandom.check_key(key, "key")
@@ -81,7 +88,7 @@ class DataParallelStep(TrainStep):
                 params = dict(zip(params, out[: len(params)], strict=True))
                 buffers = dict(zip(buffers, out[len(params) : -1], strict=True))
                 key = out[-1]
-        return super().init(params, buffers, key=key)
+        return super().init(params, buffers, key=key, total_steps=total_steps)
 
     def model_key(self, step_key: torch.Tensor) -> torch.Tensor:
         """Each rank's own dropout stream: the single-process key folded with the rank."""

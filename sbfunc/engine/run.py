@@ -12,7 +12,7 @@ event outside a training step (``INIT``, ``EPOCH_END``, ...).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -85,7 +85,7 @@ def apply_planned(
     for order, (i, decision) in enumerate(planned):
         leaf = leaves[i]
         alg = leaf.algorithm
-        key = None
+        key = cast(torch.Tensor, None)  # an algorithm that draws nothing gets no key
         if alg.uses_key:
             if base is None:
                 base = step_key(root, context.time.step)

@@ -163,7 +163,11 @@ def evaluate(
         MosaicML Composer ``Trainer._eval_loop``, ``Evaluator`` and the ``EVAL_*`` events.
     """
     several = isinstance(data, Mapping)
-    sets: dict[str | None, Iterable[Any]] = dict(data) if several else {None: data}  # type: ignore[arg-type]
+    sets: dict[str | None, Iterable[Any]] = {}
+    if isinstance(data, Mapping):
+        sets.update(data)
+    else:
+        sets[None] = data
     if not sets:
         raise ValueError("eval_data is an empty mapping; give at least one evaluation set")
     state, _ = step.fire(Event.EVAL_BEFORE_ALL, state)

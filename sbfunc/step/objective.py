@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
-from sbfunc.engine import Carry, Event
+from sbfunc.engine import Carry, Event, Time
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.step.gradients import (
     check_losses,
@@ -117,7 +117,7 @@ class Objective(NamedTuple):
             loss = masked_mean(losses, ctx.sample_weights, used)
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.
-            c = c._replace(context=ctx._replace(time=None))
+            c = c._replace(context=ctx._replace(time=cast(Time, None)))
             return loss, (b, c, losses, used)
 
         grads, loss, (new_buffers, carry, losses, used) = differentiate(

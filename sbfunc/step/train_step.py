@@ -21,7 +21,7 @@ from __future__ import annotations
 import types
 import zlib
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 from torch import nn
@@ -305,13 +305,14 @@ class TrainStep(nn.Module):
         fixed-size selections. Returns the carry (the new persistent values) and the outputs."""
         root = state.key
         time = plan.time
+        # no key until an algorithm is focused; no time when nothing reads it
         context = State(
-            None,
+            cast(torch.Tensor, None),
             state.params,
             state.buffers,
             state.opt_state,
-            time,
-            batch=batch,  # type: ignore[arg-type]
+            cast(Time, time),
+            batch=batch,
         )
         carry = Carry(context, state.algorithm_state, (None,) * len(self.leaves))
         if time is not None:  # every key of the step derives from the step-start time
