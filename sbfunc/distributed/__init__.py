@@ -26,6 +26,7 @@ from sbfunc.distributed.checkpoint import (
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.distributed.data import shard_ids, sharded_batches
 from sbfunc.distributed.keys import per_rank, rank_key
+from sbfunc.distributed.mean import mean_across_ranks
 from sbfunc.distributed.meter import Traffic, TrafficMeter
 from sbfunc.distributed.packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
 from sbfunc.distributed.scope import global_selection, local_selection
@@ -52,6 +53,7 @@ __all__ = [
     "load",
     "local_selection",
     "make_data_parallel_step",
+    "mean_across_ranks",
     "pack_rows",
     "per_rank",
     "rank_key",
