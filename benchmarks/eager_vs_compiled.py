@@ -68,6 +68,7 @@ class KeptIds(Algorithm):
     """Records the ids of the rows that reach the forward (after selection) in its state."""
 
     uses_key = False
+    events = frozenset({Event.BEFORE_FORWARD})
 
     def init(self, key: Any) -> torch.Tensor:
         return torch.full((int(BATCH * KEEP),), -1)
@@ -84,7 +85,7 @@ def build_step(model: nn.Module, total_steps: int, optimizer: str) -> Any:
     momentum, cosine LR. The only place that builds a step, so an API change touches only
     this function."""
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=KEEP, interrupt=0)
+    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=KEEP, interrupt=0)  # the step's loss
     if optimizer == "adam":
         opt = sbfunc.optim.adam(sbfunc.optim.cosine_decay_schedule(3e-3, total_steps))
     else:
@@ -114,7 +115,8 @@ def main() -> None:
     model = make_model(args.width)
     eager = build_step(model, args.steps, args.optimizer)
     compiled = torch.compile(build_step(model, args.steps, args.optimizer))
-    init = eager.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    params, buffers = sbfunc.split_module(model, clone=True)
+    init = eager.init(params, buffers, key=sbfunc.random.key(0), total_steps=args.steps)
     per_epoch = data.x_train.shape[0] // BATCH
 
     def batch(i: int) -> Any:
