@@ -36,26 +36,30 @@ def train(selective: bool, epochs: int, data: sbfunc.datasets.Split) -> tuple[fl
     model = make_model()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     gen = torch.Generator().manual_seed(0)  # selection randomness, explicit
-    backpropagated = 0
     steps_per_epoch = data.x_train.shape[0] // 64
+    # The loop's clock: given the run's length, Time.advanced moves `elapsed` (the fraction of
+    # training done, Composer's elapsed duration) with every batch.
+    time = sbfunc.Time(total_steps=epochs * steps_per_epoch)
     for epoch in range(epochs):
         key = sbfunc.random.fold_in(sbfunc.random.key(1), epoch)
-        for b, (x, y, _) in enumerate(
-            sbfunc.datasets.batches(data.x_train, data.y_train, 64, key=key)
-        ):
-            elapsed = (epoch * steps_per_epoch + b) / (epochs * steps_per_epoch)
-            if selective and sbfunc.should_selective_backprop(elapsed, b, 0.3, 0.95, 2):
+        time = time._replace(epoch=epoch, batch_in_epoch=0)
+        for x, y, _ in sbfunc.datasets.batches(data.x_train, data.y_train, 64, key=key):
+            scored = 0
+            if selective and sbfunc.should_selective_backprop(
+                time.elapsed, time.batch_in_epoch, 0.3, 0.95, 2
+            ):
+                scored = x.shape[0]
                 x, y = sbfunc.select_using_loss(
                     x, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5, generator=gen
                 )
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
-            backpropagated += x.shape[0]
+            time = time.advanced(forwarded=scored + x.shape[0], backpropagated=x.shape[0])
     model.eval()
     with torch.no_grad():
         acc = (model(data.x_test).argmax(1) == data.y_test).float().mean()
-    return float(acc), backpropagated
+    return float(acc), time.samples_backpropagated
 
 
 def main() -> None:

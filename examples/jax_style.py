@@ -55,18 +55,19 @@ def main() -> None:
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
 
-    # The target transforms form one algorithm with `chain`: inside a chain the order is the
-    # one written (as in optax.chain). MixUp mixes inputs and targets before the forward, for
-    # the first half of training only; label smoothing smooths the targets for the loss and
-    # restores them after it.
+    # The target transforms form one algorithm with `chain` (one entry in the state, one
+    # name); the engine flattens it, so it runs exactly like its parts listed in its place.
+    # MixUp mixes inputs and targets before the forward, for the first half of training only;
+    # label smoothing smooths the targets for the loss and restores them after it.
     targets = sbfunc.chain(
         sbfunc.during(sbfunc.MixUp(alpha=0.2, num_classes=CLASSES), 0.0, 0.5),
         sbfunc.LabelSmoothing(0.05, num_classes=CLASSES),
         name="targets",
     )
-    # Across the list, the ordering passes decide: CutOut is listed before Selective Backprop,
-    # yet SB runs first on AFTER_DATALOADER, so it scores the raw batch and CutOut only
-    # augments the kept rows (Composer's FILO pass would have run SB last).
+    # Across the list, the ordering rule decides (once, when the step is built): CutOut is
+    # listed before Selective Backprop, yet SB runs first on AFTER_DATALOADER, so it scores the
+    # raw batch and CutOut only augments the kept rows (Composer's FILO pass would have run SB
+    # last). The chain's parts appear in the traces as targets/MixUp and targets/LabelSmoothing.
     algorithms = [
         sbfunc.CutOut(length=0.25),
         sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2),
@@ -77,18 +78,25 @@ def main() -> None:
     key = sbfunc.random.key(42)
     # The whole TrainState: params, buffers, AdamW's moments, one state per algorithm (a tuple
     # mirroring the list), the root key and the time. Every random draw of the run derives
-    # from the root key, the step and the drawing algorithm's name.
-    state = step.init(params, buffers, key=key)
+    # from the root key, the step and the drawing algorithm's name. The run's length makes
+    # time.elapsed advance with every step (MixUp's window and SB's start read it).
     steps_per_epoch = data.x_train.shape[0] // BATCH
+    total = epochs * steps_per_epoch
+    state = step.init(params, buffers, key=key, total_steps=total)
+
+    run: dict[str, Any] = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, history=False)
 
     def batches(epoch: int) -> Any:
         k = sbfunc.random.fold_in(key, epoch)
         return sbfunc.datasets.batches(data.x_train, data.y_train, BATCH, key=k)
 
-    # 1. One step, looked at through its traces.
-    late = state.replace(time=state.time._replace(elapsed=0.6))  # inside SB's window
-    _, metrics = step(late, next(iter(batches(0))))
-    print("one step at 60% of training:")
+    # 1. Train into SB's window (from 30% of the run) but not past MixUp's (to 50%), stopping
+    #    (a preemption point) before a batch SB does not skip (interrupt=2 skips every second
+    #    batch of an epoch); then look at the next step through its traces.
+    stop = next(s for s in range(-(-3 * total // 10), total) if s % steps_per_epoch % 2 == 0)
+    early = sbfunc.fit(step, state, batches, stop_after=stop, **run).state
+    _, metrics = step(early, next(iter(batches(early.time.epoch))))
+    print(f"\none step at {early.time.elapsed:.0%} of training:")
     for trace in metrics.traces:
         print(f"  {trace.event.name:<18} #{trace.order} {trace.name}")
     print(
@@ -96,13 +104,10 @@ def main() -> None:
         f"{metrics.samples_backpropagated}\n"
     )
 
-    # 2. Train half, checkpoint, load into a template, train the rest.
-    total = epochs * steps_per_epoch
-    run = dict(epochs=epochs, steps_per_epoch=steps_per_epoch, log_every=5, history=False)
-    half = sbfunc.fit(step, state, batches, stop_after=total // 2, **run).state
+    # 2. Checkpoint that state, load it into a template, train the rest.
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "half.pt"
-        sbfunc.checkpoint.save(half, path)  # loads with torch.load(weights_only=True)
+        path = Path(tmp) / "early.pt"
+        sbfunc.checkpoint.save(early, path)  # loads with torch.load(weights_only=True)
         resumed = sbfunc.checkpoint.load(path, like=state)
     final = sbfunc.fit(step, resumed, batches, **run).state
     straight = sbfunc.fit(step, state, batches, progress=False, **run).state
