@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
+from sbfunc import per_sample as P
 from sbfunc import policies
 from sbfunc import random as sbrandom
 from sbfunc.per_sample import batch_grad, batch_l2_grad, sum_grad_squared, variance
@@ -194,6 +195,24 @@ def test_per_sample_transforms_write_nothing(drawn, subset):
     idx = torch.tensor([0, sbfunc.batch_size(batch) - 1]) if subset else None
     for transform in (batch_grad, batch_l2_grad, sum_grad_squared, variance):
         check_pure(transform(loss_fn), params, buffers, batch, subsampling=idx)
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, database=None)
+@given(drawn=batches(), seed=st.integers(0, 2**16))
+def test_curvature_transforms_write_nothing(drawn, seed):
+    kind, batch = drawn
+    model = net()
+    params, buffers = state_dicts(model)
+    loss_fn = loss_for(model, kind)  # eval mode: curvature needs samples that do not interact
+    idx = torch.tensor([sbfunc.batch_size(batch) - 1, 0])
+    for exact in (P.sqrt_ggn_exact, P.diag_ggn_exact, P.batch_diag_ggn_exact):
+        check_pure(exact(loss_fn), params, buffers, batch, subsampling=idx)
+    key = sbrandom.key(seed)
+    for mc in (P.sqrt_ggn_mc, P.diag_ggn_mc, P.batch_diag_ggn_mc):
+        check_pure(mc(loss_fn), params, buffers, batch, key=key, subsampling=idx)
+    v = {k: torch.ones_like(p) for k, p in params.items()}
+    check_pure(P.ggn_vector_product(loss_fn), params, buffers, batch, v, subsampling=idx)
+    check_pure(P.ggn_eigen(loss_fn, k=2), params, buffers, batch, subsampling=idx)
 
 
 @EXAMPLES
