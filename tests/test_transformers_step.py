@@ -106,7 +106,8 @@ def test_the_same_state_gives_the_same_step(built):
 
 
 def test_sb_prunes_the_string_field_with_the_rows(built):
-    _, sb, step, state = built
+    _, _, step, state = built
+    sb = step.algorithms[0]  # bound by the step: it scores with the step's loss
     batch = _batch(3)
     view = sbfunc.State(sbfunc.random.key(1), state.params, state.buffers, batch=batch)
     kept = sb.apply(sbfunc.Event.AFTER_DATALOADER, view).batch

@@ -23,6 +23,7 @@ static shapes (one graph per kept count, as without microbatching).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -125,7 +126,7 @@ def accumulate(
     *,
     per_sample: PerSample,
     inside: bool,
-    model_key: torch.Tensor | None,
+    model_key: Callable[[torch.Tensor], torch.Tensor] | None,
     ok: torch.Tensor | None,
 ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
     """Forward, loss and gradient of the carried batch, chunk by chunk when ``split`` says so
@@ -138,7 +139,8 @@ def accumulate(
         split: how to split the kept rows (``None``: one chunk).
         per_sample: the batch's per-sample spec.
         inside: whether algorithms run on ``AFTER_FORWARD``/``BEFORE_LOSS``.
-        model_key: the key of the model's randomness in this step, or ``None``.
+        model_key: the step key -> the key of the model's randomness, or ``None`` (no
+            randomness in the model).
         ok: the rows whose inputs are finite, or ``None``.
 
     Returns:
@@ -151,9 +153,16 @@ def accumulate(
     batch, weights = context.batch, context.sample_weights
     rows = batch_size(batch, per_sample=per_sample)
     sizes = () if split is None else split.sizes(rows)
+
+    def key_of(c: Carry) -> torch.Tensor | None:
+        if model_key is None:
+            return None
+        assert c.step_key is not None
+        return model_key(c.step_key)
+
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
         carry, grads, loss, used = objective(
-            carry, fire, inside=inside, model_key=model_key, ok=ok
+            carry, fire, inside=inside, model_key=key_of(carry), ok=ok
         )
         rows = batch_size(carry.context.batch, per_sample=per_sample)
         carry = fire(Event.AFTER_LOSS, carry)
@@ -161,6 +170,7 @@ def accumulate(
     device = (
         carry.context.params[next(iter(carry.context.params))].device if context.params else None
     )
+    base_key = carry.step_key
     total: Params | None = None
     loss_sum: torch.Tensor | None = None
     losses: list[torch.Tensor] = []
@@ -171,15 +181,16 @@ def accumulate(
         index = torch.arange(start, start + n, device=device)
         chunk = take(batch, index, per_sample=per_sample)
         w = None if weights is None else weights[start : start + n]
-        key = model_key
-        if model_key is not None and c > 0:  # chunk 0 keeps the step's model key
-            key = sbrandom.fold_in(model_key, _CHUNK_STREAM + c)
+        key = base_key
+        if base_key is not None and c > 0:  # chunk 0 keeps the step's keys
+            key = sbrandom.fold_in(base_key, _CHUNK_STREAM + c)
         ctx = carry.context._replace(
             batch=chunk, sample_weights=w, outputs=None, loss=None, losses=None
         )
+        carry = carry._replace(context=ctx, step_key=key)
         part = None if ok is None else ok[start : start + n]
         carry, grads, loss, used = objective(
-            carry._replace(context=ctx), fire, inside=inside, model_key=key, ok=part
+            carry, fire, inside=inside, model_key=key_of(carry), ok=part
         )
         carry = fire(Event.AFTER_LOSS, carry)
         carry = fire(Event.BEFORE_BACKWARD, carry)
@@ -201,4 +212,4 @@ def accumulate(
         losses=torch.cat(losses),
     )
     used_all = torch.cat(masks) if masks else None
-    return carry._replace(context=ctx), total, loss_sum, used_all, rows
+    return carry._replace(context=ctx, step_key=base_key), total, loss_sum, used_all, rows

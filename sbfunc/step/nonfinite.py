@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from sbfunc.batch import _flat_tensors
 from sbfunc.rows import PerSample, walk
 
 __all__ = ["finite_rows", "zero_rows"]
@@ -41,13 +42,22 @@ def finite_rows(batch: Any, *, per_sample: PerSample = None) -> torch.Tensor | N
     """
     found: list[torch.Tensor] = []
 
+    def check(leaf: torch.Tensor) -> None:
+        finite = torch.isfinite(leaf)
+        found.append(finite.flatten(1).all(1) if leaf.dim() > 1 else finite)
+
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
         if _float_rows(leaf, size):
-            finite = torch.isfinite(leaf)
-            found.append(finite.flatten(1).all(1) if leaf.dim() > 1 else finite)
+            check(leaf)
         return leaf
 
-    walk(batch, per_sample, visit, rebuild=False)
+    flat = _flat(batch, per_sample)
+    if flat is not None:  # the hot path: a tuple/list/dict of tensors, no tree walk
+        for leaf in flat:
+            if leaf.is_floating_point():
+                check(leaf)
+    else:
+        walk(batch, per_sample, visit, rebuild=False)
     if not found:
         return None
     ok = found[0]
@@ -66,10 +76,25 @@ def zero_rows(batch: Any, ok: torch.Tensor, *, per_sample: PerSample = None) -> 
         (tensor([[1.], [0.]]),)
     """
 
-    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
-        if not _float_rows(leaf, size):
+    def zero(leaf: torch.Tensor) -> torch.Tensor:
+        if not leaf.is_floating_point():
             return leaf
         mask = ok.reshape(-1, *([1] * (leaf.dim() - 1)))
         return torch.where(mask, leaf, leaf.new_zeros(()))
 
+    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
+        return zero(leaf) if _float_rows(leaf, size) else leaf
+
+    if _flat(batch, per_sample) is not None:
+        if type(batch) is dict:
+            return {k: zero(t) for k, t in batch.items()}
+        return type(batch)(zero(t) for t in batch)
     return walk(batch, per_sample, visit, rebuild=True)
+
+
+def _flat(batch: Any, per_sample: PerSample) -> list[torch.Tensor] | None:
+    """The tensors of a tuple/list/dict of per-sample tensors (the default rule), else
+    ``None``."""
+    if per_sample is not None or _flat_tensors(batch) < 0:
+        return None
+    return list(batch.values() if type(batch) is dict else batch)

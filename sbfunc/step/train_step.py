@@ -341,10 +341,7 @@ class TrainStep(nn.Module):
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
             return carry, _Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
-        model_key = None
-        if self.keyed_model:
-            assert carry.step_key is not None
-            model_key = self.model_key(carry.step_key)
+        model_key = self.model_key if self.keyed_model else None
         inside = bool(
             self.planner.planned(plan.events, Event.AFTER_FORWARD)
             or self.planner.planned(plan.events, Event.BEFORE_LOSS)
@@ -393,7 +390,7 @@ class TrainStep(nn.Module):
         carry = _advance(carry._replace(context=context))
         carry = fire(Event.AFTER_TRAIN_BATCH, carry)
         carry = fire(Event.BATCH_END, carry)
-        bad = None if used is None else (~used).sum() + (n_in - used.shape[0])
+        bad = None if used is None else (~used).sum()  # rows in the update left out
         if bad is None and self.nonfinite != "allow":
             bad = skipped_so_far.new_zeros(())
         return carry, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)

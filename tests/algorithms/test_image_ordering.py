@@ -101,7 +101,7 @@ def test_selective_backprop_scores_the_raw_full_size_batch_in_a_step(order, scal
     everything = [*images, _selective_backprop(scorer, scale_factor)]
     algorithms = [everything[i] for i in order]
     step = sbfunc.make_train_step(trainer, sbfunc.optim.sgd(0.1), algorithms)
-    state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0), total_steps=10)
     x = sbrandom.uniform(sbrandom.key(1), (N, 3, H, H))
     batch = (x, torch.arange(N) % 3)
     _, metrics = step(state, batch)
@@ -111,8 +111,12 @@ def test_selective_backprop_scores_the_raw_full_size_batch_in_a_step(order, scal
     assert torch.equal(scored, expected)
     (trained,) = trainer.seen
     assert trained.shape[0] == N // 2 == metrics.samples_backpropagated  # only kept rows
-    # ColOut (x 0.75) and ProgressiveResizing (x 0.5) shrank only the training images
-    assert trained.shape[-1] in (int(int(H * 0.5) * 0.75), int(int(H * 0.75) * 0.5))
+    # ColOut (x 0.75) and ProgressiveResizing (x 0.5, the width it sees pinned to its size
+    # increment, as Composer resizes in apply) shrank only the training images
+    resize = next(a for a in images if isinstance(a, ProgressiveResizing))
+    after_colout = int(H * 0.75)
+    pinned = round(after_colout * resize.pinned_scale(0.0, after_colout))
+    assert trained.shape[-1] in (int(int(H * 0.5) * 0.75), pinned)
 
 
 def test_image_algorithms_accept_the_empty_batch_a_refill_step_leaves():

@@ -149,11 +149,13 @@ def test_selective_backprop_scores_the_warmed_up_rows():
     )
     batch = _batch(8, 16)
     batch["label"] = batch["label"] % 3
-    without = tuple(p for p in DEFAULT_PASSES if p is not sbfunc.passes.sort_sequence_length_first)
-    for passes, expected in ((DEFAULT_PASSES, (8, 4)), (without, (8, 16))):
+    sb_first = (sbfunc.passes.sort_selective_backprop_first,)  # SB before the warm-up
+    for passes, expected in ((DEFAULT_PASSES, (8, 4)), (sb_first, (8, 16))):
         seen.clear()
         step = sbfunc.make_train_step(train, sbfunc.optim.sgd(0.1), [warmup, sb], passes)
-        state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+        state = step.init(
+            *sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0), total_steps=10
+        )
         _, metrics = step(state, batch)
         assert seen == [expected]  # with the pass, SB scores the rows at their trained length
         assert metrics.samples_backpropagated == 4

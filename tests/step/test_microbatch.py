@@ -214,5 +214,6 @@ def test_the_core_compiles_with_fullgraph_after_selection():
     run, out = torch.compile(step.core, fullgraph=True)(plan, state, data[0])
     eager_run, eager_out = step.core(plan, state, data[0])
     assert out.samples_backpropagated == eager_out.samples_backpropagated == 5
-    for k in run.params:
-        torch.testing.assert_close(run.params[k], eager_run.params[k], rtol=1e-6, atol=1e-7)
+    for k in run.context.params:
+        p, q = run.context.params[k], eager_run.context.params[k]
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
