@@ -34,7 +34,7 @@ def measure_regime(
     states = {}
 
     def stepper(name: str, batch: Any, trainer: Any) -> Callable[[], None]:
-        s = trainer.step.init(*init, key=sbfunc.random.key(0))
+        s = trainer.step.init(*init, key=sbfunc.random.key(0), total_steps=64)
         states[name] = s._replace(time=s.time._replace(elapsed=0.5))
 
         def run() -> None:

@@ -61,7 +61,7 @@ def main() -> None:
         if args.shared:
             for name in ("forward", "core"):
                 setattr(step, name, types.MethodType(getattr(sbfunc.TrainStep, name), step))
-        state = step.init(*init, key=sbfunc.random.key(0))
+        state = step.init(*init, key=sbfunc.random.key(0), total_steps=64)
         return torch.compile(step), state._replace(time=state.time._replace(elapsed=0.5))
 
     (plain, s0), (sb, s1) = compiled(None), compiled(P.rank_power(0.5))

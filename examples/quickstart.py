@@ -78,8 +78,9 @@ class Run:
         """One step on a throwaway state, in and out of SB's window (first calls are slow)."""
         x, y = self.data.x_train[:BATCH], self.data.y_train[:BATCH]
         s = self.state
-        for elapsed in (0.0, 0.5):
-            s = self.step(s._replace(time=s.time._replace(elapsed=elapsed)), (x, y))[0]
+        for elapsed in (0.0, 0.5):  # a throwaway state, set in and out of SB's window
+            t = s.time._replace(elapsed=elapsed, total_steps=self.epochs * self.steps_per_epoch)
+            s = self.step(s._replace(time=t), (x, y))[0]
 
     def epoch(self, epoch: int) -> None:
         t0 = time.perf_counter()

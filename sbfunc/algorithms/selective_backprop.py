@@ -159,6 +159,7 @@ class SelectiveBackprop(Algorithm):
     ) -> None:
         check_window(start, end, interrupt)
         self.start, self.end, self.interrupt = float(start), float(end), interrupt
+        self.uses_elapsed = (self.start, self.end) != (0.0, 1.0)  # its window needs elapsed
         self.keep = check_keep(keep)
         self.default_policy = policy is None  # repr
         if policy is None:
@@ -257,6 +258,8 @@ class SelectiveBackprop(Algorithm):
         """The policy's initial state, paired with an empty queue with ``refill``."""
         policy_state = self.policy.init()
         return policy_state if self.refill is None else (policy_state, self.refill)
+
+    events = frozenset({Event.AFTER_DATALOADER, Event.AFTER_LOSS})
 
     def match(self, event: Event, state: State) -> bool:
         if event == Event.AFTER_LOSS:

@@ -3,8 +3,8 @@
 The batch transform :func:`set_batch_sequence_length` is pure; :class:`SeqLengthWarmup`
 decides the length on the host (``match``, from ``state.time``) and applies it on
 ``AFTER_DATALOADER``. The length must be fixed before Selective Backprop scores the batch, so
-that the scores rank the rows that will be trained on: the default pass
-:func:`sbfunc.passes.sort_sequence_length_first` guarantees it.
+that the scores rank the rows that will be trained on: the default ordering rule
+(:func:`sbfunc.passes.order_by_phase`) runs sequence-length changes first.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ class SeqLengthWarmup(Algorithm):
     uses_key = False  # deterministic: the engine derives no key for it
 
     changes_sequence_length = True
-    """Read by :func:`sort_sequence_length_first`."""
+    """Read by :func:`sbfunc.passes.order_by_phase` (the first phase)."""
 
     def __init__(
         self,

@@ -37,8 +37,8 @@ class Algorithm(ABC):
     * ``apply(event, state)`` returns a **new** state (never mutating its input) or, to report
       an exit code, ``(new_state, exit_code)``. It sees its own persistent state as
       ``state.own``, its per-batch scratch as ``state.scratch`` and its own key for this step
-      and event as ``state.key``; it changes them with ``state.replace(...)``. Tensor code
-      reads the clock from ``state.clock``.
+      and event as ``state.key``; it changes them with ``state.replace(...)``. Inside a step
+      ``state.time`` holds 0-d tensors (read it there, never a Python number).
 
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``

@@ -13,6 +13,7 @@ from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
 from sbfunc.engine import Carry, Event, Time
 from sbfunc.module import LossFn, ModuleLoss, Params
+from sbfunc.optim._finite import host_flag
 from sbfunc.step.gradients import (
     check_losses,
     detach_tensors,
@@ -113,7 +114,8 @@ class Objective(NamedTuple):
             used = ok
             if self.mask_nonfinite:
                 finite = torch.isfinite(losses.detach())
-                used = finite if ok is None else ok & finite
+                if ok is not None or not host_flag(finite.all()):  # eagerly: only when needed
+                    used = finite if ok is None else ok & finite
             loss = masked_mean(losses, ctx.sample_weights, used)
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.

@@ -8,11 +8,11 @@ tensor work (the algorithms' ``apply``, forward, loss, gradients, the gradient t
 its update, the non-finite guard) and reads no Python number that changes from step to step.
 :meth:`TrainStep.finish` advances the host :class:`~sbfunc.Time`.
 
-Under ``torch.compile(step)`` only the core is traced: ``forward`` itself is skipped by the
-compiler (``torch.compiler.disable(recursive=False)``) and its host parts run as plain Python,
-so a step costs one compiled-frame call (one cache lookup of the core's guards; two with
-``fullgraph=True``, whose wrapper frame is checked too) and one graph per plan (Selective
-Backprop on or off). A text field (a list of strings) reaches the compiled core as row indices
+Under ``torch.compile(step)`` the compiler traces :meth:`TrainStep.__call__` (not
+``nn.Module.__call__``): ``plan`` and ``finish`` are excluded (``torch.compiler.disable``), so
+a step is three small compiled frames (before, between and after the two host calls) and one
+graph of the core per plan (Selective Backprop on or off); no other graph break. A text field
+(a list of strings) reaches the compiled core as row indices
 (:func:`sbfunc.batch.strings_as_row_indices`), so new strings never recompile it.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import types
 import zlib
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -32,7 +32,6 @@ from sbfunc.engine import (
     Algorithm,
     Carry,
     Event,
-    Plan,
     Planner,
     State,
     Time,
@@ -44,85 +43,19 @@ from sbfunc.engine.ordering import Pass
 from sbfunc.engine.run import apply_planned, run_event, step_key
 from sbfunc.module import LossFn, Params
 from sbfunc.optim import GradientTransformation, apply_updates
+from sbfunc.optim._finite import host_flag
 from sbfunc.step.gradients import all_finite, keep_if_finite, tracing
 from sbfunc.step.microbatch import Microbatching, accumulate
 from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.objective import Objective
+from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
 
 __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
 
-BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
-    Event.AFTER_DATALOADER,
-    Event.BATCH_START,
-    Event.BEFORE_TRAIN_BATCH,
-    Event.BEFORE_FORWARD,
-    Event.AFTER_FORWARD,
-    Event.BEFORE_LOSS,
-    Event.AFTER_LOSS,
-    Event.BEFORE_BACKWARD,
-    Event.AFTER_BACKWARD,
-    Event.AFTER_TRAIN_BATCH,
-    Event.BATCH_END,
-)
-"""The per-batch events, in Composer's order, that one training step fires."""
 
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
 NonFinite = Literal["skip", "raise", "allow"]
-
-
-class StepMetrics(NamedTuple):
-    """What one step reports.
-
-    Attributes:
-        loss: the (weighted) mean training loss of the backpropagated rows, a 0-d tensor left
-            on the device (reading it is the caller's choice of sync); NaN when no row was
-            trained on.
-        samples_in_batch: rows the data loader delivered.
-        samples_backpropagated: rows the gradient was computed on (after selection).
-        skipped: a 0-d bool tensor: the update did not reach the parameters (a non-finite
-            loss or gradient, or no row left to train on).
-        traces: the engine's traces of every event of the step, in order.
-        rows_nonfinite: a 0-d ``int64`` tensor: rows left out of the update because their
-            input or loss was not finite (``None`` with ``nonfinite="allow"``).
-
-    Example:
-        >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
-        >>> m.samples_backpropagated / m.samples_in_batch
-        0.5
-
-    References:
-        MosaicML Composer ``State`` (``batch``, ``loss``) and ``Trace``.
-    """
-
-    loss: torch.Tensor
-    samples_in_batch: int
-    samples_backpropagated: int
-    skipped: torch.Tensor
-    traces: tuple[Trace, ...]
-    rows_nonfinite: torch.Tensor | None = None
-
-
-class StepPlan(NamedTuple):
-    """The host decisions of one step (see :meth:`TrainStep.plan`).
-
-    Attributes:
-        events: the planned applications of every per-batch event.
-        time: the step-start time as tensors (what ``apply`` reads), or ``None`` when no
-            algorithm and no model randomness needs it.
-    """
-
-    events: Plan
-    time: Time | None
-
-
-class _Out(NamedTuple):
-    loss: torch.Tensor
-    samples_in_batch: int
-    samples_backpropagated: int
-    skipped: torch.Tensor
-    updates_skipped: torch.Tensor
-    rows_nonfinite: torch.Tensor | None
 
 
 class TrainStep(nn.Module):
@@ -289,7 +222,7 @@ class TrainStep(nn.Module):
             return StepPlan(
                 self.planner.empty, time.as_tensors(device) if self.keyed_model else None
             )
-        after = time._replace(step=time.step + 1, batch_in_epoch=time.batch_in_epoch + 1)
+        after = time.advanced(forwarded=0, backpropagated=0)  # the counters after the update
         events = self.planner.decide(time, state.algorithm_state, after)
         need_time = self.keyed_model or bool(events)
         return StepPlan(events, time.as_tensors(device) if need_time else None)
@@ -300,7 +233,7 @@ class TrainStep(nn.Module):
             return carry
         return apply_planned(event, planned, carry, self.leaves, root)
 
-    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, _Out]:
+    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, Out]:
         """The tensor work of one step under ``plan``; compiles with ``fullgraph=True`` for
         fixed-size selections. Returns the carry (the new persistent values) and the outputs."""
         root = state.key
@@ -330,6 +263,8 @@ class TrainStep(nn.Module):
         ok = None
         if self.nonfinite != "allow":  # a corrupt row costs one row (sbfunc.step.nonfinite)
             ok = finite_rows(carry.context.batch, per_sample=self.per_sample)
+            if ok is not None and host_flag(ok.all()):  # eagerly on the CPU: all finite,
+                ok = None  # nothing to mask (reading the flag costs no sync there)
             if ok is not None:
                 masked = zero_rows(carry.context.batch, ok, per_sample=self.per_sample)
                 carry = carry._replace(context=carry.context._replace(batch=masked))
@@ -340,7 +275,7 @@ class TrainStep(nn.Module):
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
-            return carry, _Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
+            return carry, Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
         model_key = self.model_key if self.keyed_model else None
         inside = bool(
             self.planner.planned(plan.events, Event.AFTER_FORWARD)
@@ -393,7 +328,7 @@ class TrainStep(nn.Module):
         bad = None if used is None else (~used).sum()  # rows in the update left out
         if bad is None and self.nonfinite != "allow":
             bad = skipped_so_far.new_zeros(())
-        return carry, _Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)
+        return carry, Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)
 
     def model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
@@ -407,7 +342,7 @@ class TrainStep(nn.Module):
         tensor or ``None``, says whether to apply the update (``None``: decide as usual)."""
         return carry, grads, loss, None
 
-    def finish(self, state: TrainState, carry: Carry, out: _Out) -> tuple[TrainState, StepMetrics]:
+    def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
         if self.nonfinite == "raise" and out.samples_backpropagated > 0 and bool(out.skipped):
@@ -459,5 +394,9 @@ def _advance(carry: Carry) -> Carry:
     t = context.time
     if t is None:
         return carry
-    t = t._replace(step=t.step + 1, batch_in_epoch=t.batch_in_epoch + 1)
+    step = t.step + 1
+    elapsed = t.elapsed
+    if t.total_steps is not None:  # as Time.advanced does on the host
+        elapsed = (step / t.total_steps).clamp(max=1.0).to(t.elapsed.dtype)
+    t = t._replace(step=step, batch_in_epoch=t.batch_in_epoch + 1, elapsed=elapsed)
     return carry._replace(context=context._replace(time=t))

@@ -233,7 +233,7 @@ def test_weights_from_policy_reach_the_step():
 
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy()])
     _, view = _model_state()
-    state = step.init(view.params, view.buffers, key=view.key)
+    state = step.init(view.params, view.buffers, key=view.key, total_steps=64)
     state = state.replace(time=state.time._replace(elapsed=0.5))
     _, metrics = step(state, _dict_batch(16))
     kept = metrics.samples_backpropagated
@@ -278,7 +278,7 @@ def _refill_run(policy, steps=6, n=8):
         0.0, 1.0, interrupt=0, policy=policy, ids="id", refill=_dict_batch(n)
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy()])
-    state = step.init(params, buffers, key=sbrandom.key(3))
+    state = step.init(params, buffers, key=sbrandom.key(3), total_steps=64)
     history = []
     for i in range(steps):
         batch = _dict_batch(n, seed=i)
@@ -372,7 +372,7 @@ def _kept_ids(extra_before=(), extra_after=(), steps=4):
     step = sbfunc.make_train_step(
         loss_fn, sbfunc.optim.sgd(0.1), [*extra_before, sb, *extra_after]
     )
-    state = step.init(params, buffers, key=sbrandom.key(11))
+    state = step.init(params, buffers, key=sbrandom.key(11), total_steps=64)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
         batch = {
@@ -406,10 +406,10 @@ def test_outside_its_window_the_step_is_plain():
     sb = sbfunc.SelectiveBackprop(0.5, 0.9, 0.25, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     plain = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-    state = step.init(view.params, view.buffers, key=view.key)
+    state = step.init(view.params, view.buffers, key=view.key, total_steps=64)
     batch = _dict_batch(16)
     early, m_early = step(state, batch)
-    expected, _ = plain(plain.init(view.params, view.buffers, key=view.key), batch)
+    expected, _ = plain(plain.init(view.params, view.buffers, key=view.key, total_steps=64), batch)
     assert m_early.samples_backpropagated == 16 and m_early.traces == ()
     assert all(torch.equal(early.params[k], expected.params[k]) for k in expected.params)
     inside = state.replace(time=state.time._replace(elapsed=0.6))
@@ -435,7 +435,7 @@ def test_policies_run_inside_the_step_on_the_clock(make):
     loss_fn = _loss(model)
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=make(), ids="id")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
-    state = step.init(view.params, view.buffers, key=view.key)
+    state = step.init(view.params, view.buffers, key=view.key, total_steps=64)
     for epoch in range(3):
         state = state.replace(time=state.time._replace(epoch=epoch, elapsed=epoch / 3))
         state, metrics = step(state, _dict_batch(8))

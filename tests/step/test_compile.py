@@ -54,7 +54,9 @@ def _build(policy=None, refill=False, others=True):
         ]
     lr = sbfunc.optim.cosine_decay_schedule(1e-2, STEPS)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(lr), algorithms)
-    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    state = step.init(
+        *sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0), total_steps=64
+    )
     return step, state
 
 

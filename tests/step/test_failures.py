@@ -58,7 +58,7 @@ def _batch(n: int, seed: int = 0, image: bool = False):
 
 def _run(algorithms, batch, **kwargs):
     step = sbfunc.make_train_step(TRAIN_LOSS, sbfunc.optim.adam(1e-2), algorithms, **kwargs)
-    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0), total_steps=64)
     state = state.replace(time=state.time._replace(elapsed=0.5))
     warm, _ = step(state, _batch(8, seed=1))  # a non-trivial optimizer state
     return warm, *step(warm, batch)
@@ -94,7 +94,7 @@ def test_an_empty_image_batch_through_cutout_makes_no_update():
     params, buffers = sbfunc.split_module(model, clone=True)
     loss = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(loss, sbfunc.optim.sgd(0.1), [sbfunc.CutOut(length=0.5)])
-    state = step.init(params, buffers, key=sbrandom.key(0))
+    state = step.init(params, buffers, key=sbrandom.key(0), total_steps=64)
     after, metrics = step(state, (torch.zeros(0, 3, 2, 2), torch.zeros(0, dtype=torch.int64)))
     assert bool(metrics.skipped) and int(after.time.updates_skipped) == 1
     assert all(torch.equal(after.params[k], state.params[k]) for k in state.params)
@@ -134,19 +134,19 @@ def test_a_non_finite_gradient_with_a_finite_loss_is_skipped(poison):
         return (x @ w.T).sum(1) + GRADIENT_POISONS[poison](w) + y.float()
 
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0), total_steps=64)
     after, metrics = step(state, _batch(4))
     assert torch.isfinite(metrics.loss) and bool(metrics.skipped)
     assert int(after.time.updates_skipped) == 1
     assert all(torch.equal(after.params[k], state.params[k]) for k in state.params)
     raising = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), nonfinite="raise")
     with pytest.raises(FloatingPointError, match="not finite"):
-        raising(raising.init(PARAMS, BUFFERS, key=sbrandom.key(0)), _batch(4))
+        raising(raising.init(PARAMS, BUFFERS, key=sbrandom.key(0), total_steps=64), _batch(4))
 
 
 def test_fit_counts_an_empty_batch_in_the_data_as_skipped():
     step = sbfunc.make_train_step(TRAIN_LOSS, sbfunc.optim.sgd(0.1))
-    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0))
+    state = step.init(PARAMS, BUFFERS, key=sbrandom.key(0), total_steps=64)
     data = [_batch(4, seed=0), _batch(0), _batch(4, seed=2)]
     out = sbfunc.fit(step, state, data, epochs=2, progress=False)
     assert int(out.state.time.updates_skipped) == 2 and out.state.time.step == 6

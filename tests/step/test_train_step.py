@@ -35,7 +35,7 @@ def _make(model, algorithms=(), opt=None, **kwargs):
 
 
 def _init(step, params, buffers, elapsed=0.0):
-    state = step.init(params, buffers, key=sbrandom.key(0))
+    state = step.init(params, buffers, key=sbrandom.key(0), total_steps=64)
     return state.replace(time=state.time._replace(elapsed=elapsed))
 
 
@@ -315,7 +315,7 @@ def test_states_are_checked():
     step = _make(model, [Recorder()])
     with pytest.raises(TypeError, match=r"state must be an sbfunc\.TrainState"):
         step(sbfunc.State(sbrandom.key(0)), _data())
-    wrong = _make(model).init(params, buffers, key=sbrandom.key(0))
+    wrong = _make(model).init(params, buffers, key=sbrandom.key(0), total_steps=64)
     with pytest.raises(ValueError, match="algorithm_state has 0 entries"):
         step(wrong, _data())
 
@@ -345,6 +345,6 @@ def test_each_step_has_its_own_traced_code():
     for name in ("__call__", "core"):
         code_a, code_b = getattr(a, name).__code__, getattr(b, name).__code__
         assert code_a is not code_b and code_a == code_b  # same program, distinct objects
-    state = a.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(0))
+    state = a.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(0), total_steps=64)
     batch = (torch.randn(4, 2), torch.tensor([0, 1, 1, 0]))
     assert torch.equal(a(state, batch)[1].loss, b(state, batch)[1].loss)
