@@ -7,11 +7,12 @@ Measures, in one run and on the same machine:
   (and, for reference, ``sbfunc.make_train_step`` of the same model with no algorithm);
 * the engine's dispatch for the 11 per-batch events (``AFTER_DATALOADER`` ... ``BATCH_END``)
   with 10 trivial algorithms (``apply`` returns the state unchanged) and ``DEFAULT_PASSES``,
-  done as the training step does it: ``plan_event`` (every ``match`` and the passes, on the
-  host) for all 11 events, then ``apply_planned`` for each event that has matches (each
-  application gets a view of the step, its own key derived from the root key, the step, its
-  name and the event, and a trace). Regimes: *dense* (all 10 match every event: 110 matches,
-  55 passes and 110 applies per step, the worst case), *sparse* (each algorithm matches one
+  done as the training step does it: ``step.plan`` (every ``match`` of the events each
+  algorithm listens to, on the host; the order was decided when the step was built and plans
+  are cached by decision), then ``apply_planned`` for each event that has matches (each
+  application gets the context focused on it, its own key derived from the root key, the
+  step, its name and the event, and a trace). Regimes: *dense* (all 10 match every event: 110
+  matches and 110 applies per step, the worst case), *sparse* (each algorithm matches one
   event, like real tricks: SB on AFTER_DATALOADER, MixUp on BEFORE_FORWARD, ...) and *idle*
   (none matches); *keyless* repeats dense and sparse with algorithms that declare
   ``uses_key = False`` (deterministic ones: the engine then derives no key, which eagerly is a
@@ -41,17 +42,8 @@ from torch import nn
 from torch.func import functional_call, grad
 
 import sbfunc
-from sbfunc.engine import (
-    Algorithm,
-    Clock,
-    Event,
-    Run,
-    apply_planned,
-    plan_event,
-    stream_ids,
-    trace_labels,
-)
-from sbfunc.engine.run import match_view
+from sbfunc.engine import Algorithm, Carry, Event, State, apply_planned
+from sbfunc.engine.run import step_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from selection import timeit
@@ -122,17 +114,19 @@ def main() -> None:
     for label, algs in regimes.items():
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algs)
         state = step.init(params, buffers, key=sbfunc.random.key(0))
-        labels, streams = trace_labels(algs), stream_ids([a.name for a in algs])
         view = sbfunc.State(state.key, params, buffers, batch=(x, y))
 
-        def dispatch(algs=algs, state=state, labels=labels, streams=streams):
-            run = Run.start(state, (x, y), Clock.of(state.time))
-            views = [match_view(run, i, run.time) for i in range(len(algs))]  # as the step
-            plan = [plan_event(e, run, algs, views=views) for e in BATCH_EVENTS]
-            for event, planned in zip(BATCH_EVENTS, plan, strict=True):
+        def dispatch(step=step, state=state):
+            plan = step.plan(state, (x, y))  # match on the host + the time tensors
+            context = State(None, params, buffers, state.opt_state, plan.time, batch=(x, y))
+            carry = Carry.start(state, context, len(step.leaves))
+            if plan.time is not None:
+                carry = carry._replace(step_key=step_key(state.key, plan.time.step))
+            for event in BATCH_EVENTS:
+                planned = step.planner.planned(plan.events, event)
                 if planned:
-                    run = apply_planned(event, planned, run, algs, labels, streams)
-            return run
+                    carry = apply_planned(event, planned, carry, step.leaves, state.key)
+            return carry
 
         def bare(algs=algs, view=view):
             s = view

@@ -84,10 +84,6 @@ def test_a_module_given_as_loss_is_refused_at_construction(build):
         build(_model())
 
 
-_WIRING = "check_loss_fn wired in by the owner of this call site (issue 20)"
-
-
-@pytest.mark.xfail(reason=_WIRING, strict=False)
 @pytest.mark.parametrize(
     "build",
     [

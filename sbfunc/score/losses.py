@@ -9,7 +9,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from sbfunc.batch import Field, PerSample, batch_size
-from sbfunc.module import LossFn, Params, reduce_per_sample
+from sbfunc.module import LossFn, Params, check_loss_fn, reduce_per_sample
 from sbfunc.score.downsample import check_scale_factor, downsample_batch
 
 __all__ = ["score_losses"]
@@ -40,7 +40,8 @@ def score_losses(
     are reduced per sample by their mean.
 
     Whether dropout and BatchNorm run in train or eval mode is a property of ``loss_fn``: build
-    it with ``sbfunc.per_sample_loss(..., train=False)`` (the default) for deterministic scores
+    it with ``sbfunc.per_sample_loss(...)`` (its default ``train="auto"`` scores in eval mode)
+    for deterministic scores
     that never touch running statistics.
 
     Args:
@@ -74,6 +75,7 @@ def score_losses(
     References:
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
+    check_loss_fn(loss_fn)
     n = batch_size(batch, per_sample=per_sample)
     if n == 0:
         check_scale_factor(scale_factor)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from sbfunc.batch import PerSample, check_per_sample
 from sbfunc.engine import Algorithm
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
-from sbfunc.module import LossFn, ModuleLoss, draws_randomness
+from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation
 from sbfunc.step.microbatch import microbatching
 from sbfunc.step.train_step import NonFinite, TrainStep
@@ -95,8 +95,7 @@ def make_train_step(
         MosaicML Composer's training loop events; optax's ``init``/``update``; optax
         ``apply_if_finite``; ``jax.jit(train_step)``.
     """
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    check_loss_fn(loss_fn)  # a module or a criterion is refused here, naming per_sample_loss
     if type(optimizer).__module__.split(".")[0] == "torchopt":
         raise TypeError(
             "torchopt optimizers are not supported (their update returns deltas and they do not "
