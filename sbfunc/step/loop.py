@@ -151,8 +151,9 @@ def fit(
     and ``FIT_START`` fire again).
 
     **Evaluation** (with ``eval_data``): ``eval_fn(params, buffers, batch)`` returns a pytree of
-    per-batch means; it runs under ``torch.no_grad()`` and must evaluate in eval mode (e.g. on
-    ``sbfunc.per_sample_loss(..., train=False)``). It runs after ``BATCH_END`` every
+    per-batch means; it runs under ``torch.no_grad()`` and must evaluate purely, in eval mode:
+    build it on :func:`sbfunc.eval_outputs` or :func:`sbfunc.predict` (eval mode on copies of
+    the buffers, so BatchNorm statistics never change). It runs after ``BATCH_END`` every
     ``eval_every.steps`` steps or after ``EPOCH_END`` every ``eval_every.epochs`` epochs
     (default: every epoch), and after ``FIT_END`` unless the schedule just evaluated the final
     state (Composer's default ``eval_interval`` and end-of-training evaluation). See
@@ -227,7 +228,7 @@ def fit(
         Evaluation every epoch, and a checkpoint every 4 steps:
 
         >>> def metrics(params, buffers, batch):
-        ...     return {"loss": loss_fn(params, buffers, batch).mean()}
+        ...     return {"loss": sbfunc.eval_outputs(loss_fn, params, buffers, batch).losses.mean()}
         >>> import tempfile, os
         >>> folder = tempfile.mkdtemp()
         >>> result = sbfunc.fit(step, state, data, epochs=2, progress=False, eval_data=data[:1],
