@@ -27,6 +27,8 @@ def measure_regime(
 ) -> dict[str, Any]:  # fmt: skip
     """Medians (ms) and [min, max] of ``T_full``, ``T_kept``, ``T_score`` and of the SB steps
     the study runs (inside their window), plus the ideal ``T_full / (T_score + T_kept)``."""
+    if "plain" not in trainers:  # one method per process (--methods rank_power): no regime
+        return {"note": "no plain step in this process: the regime needs one"}
     n = max(1, int(keep * like[0].shape[0]))
     kept = tuple(t[:n] for t in like)
     score = torch.compile(lambda p, b, batch: sbfunc.score_losses(loss_fn, p, b, batch))
