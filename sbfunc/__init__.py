@@ -104,7 +104,7 @@ from sbfunc.step import (
     weighted_mean,
 )
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "BATCH_EVENTS",
