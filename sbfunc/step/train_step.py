@@ -49,6 +49,7 @@ from sbfunc.step.microbatch import Microbatching, accumulate
 from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.objective import Objective
 from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
+from sbfunc.validation import check_int
 
 __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
 
@@ -146,8 +147,6 @@ class TrainStep(nn.Module):
                     f"{type(value).__name__}"
                 )
         if total_steps is not None:
-            from sbfunc.validation import check_int
-
             total_steps = check_int(total_steps, "total_steps", low=1)
         init_key = sbrandom.fold_in(key, _INIT_STREAM)
         streams = stream_ids([a.name for a in self.algorithms])
