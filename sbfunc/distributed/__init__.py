@@ -1,8 +1,9 @@
 """Data-parallel training on ``torch.distributed``: the step, selection across ranks, keys,
 sharded data and checkpoints (see ``docs/how-to/distributed.md``).
 
-* :func:`make_data_parallel_step`: :func:`sbfunc.make_train_step` whose gradient and loss are
-  the mean over all ranks' kept rows (a bucketed all-reduce, eager or compiled).
+* :class:`DataParallel`: the step's ``replicas`` (``make_train_step(..., replicas=
+  DataParallel())``, or :func:`make_data_parallel_step`): gradient and loss are the mean over
+  all ranks' kept rows (a bucketed all-reduce, eager or compiled).
 * :func:`local_selection`, :func:`global_selection`: a policy wrapped to select per rank or
   over the global batch (``SelectiveBackprop(policy=global_selection(policy))``), optionally
   rebalancing kept rows across ranks.
@@ -30,14 +31,14 @@ from sbfunc.distributed.mean import mean_across_ranks
 from sbfunc.distributed.meter import Traffic, TrafficMeter
 from sbfunc.distributed.packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
 from sbfunc.distributed.scope import global_selection, local_selection
-from sbfunc.distributed.step import BufferSync, DataParallelStep, make_data_parallel_step
+from sbfunc.distributed.step import BufferSync, DataParallel, make_data_parallel_step
 from sbfunc.distributed.traffic import gather_traffic, gradient_traffic, rebalance_traffic
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "BufferSync",
     "Comm",
-    "DataParallelStep",
+    "DataParallel",
     "ExchangePlan",
     "RankLocal",
     "RowLayout",

@@ -282,6 +282,17 @@ def by_group(
     return tuple({k: d[k] for k in trees[0] if k in d} for d in outs)
 
 
+def readable(t: torch.Tensor) -> bool:
+    """Whether reading ``t`` on the host costs nothing: a CPU tensor while nothing traces
+    (no compiler, no torch.func transform). The eager fast paths branch on such values
+    instead of computing every case with tensor ops."""
+    return (
+        t.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
+
+
 def on(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
     """``value`` with the device and dtype of ``like`` (floats and ``None`` unchanged).
 

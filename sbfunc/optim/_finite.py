@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from sbfunc.module import Params
-from sbfunc.optim._base import GradientTransformation, Transform, zero_count
+from sbfunc.optim._base import GradientTransformation, Transform, readable, zero_count
 from sbfunc.validation import check_int
 
 __all__ = [
@@ -100,11 +100,7 @@ def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
 def host_flag(flag: torch.Tensor) -> bool | None:
     """``flag`` as a Python bool when reading it costs nothing (a CPU tensor, nothing
     tracing), else ``None`` (select with ``torch.where`` instead of branching)."""
-    if flag.device.type != "cpu" or torch.compiler.is_compiling():
-        return None
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return None
-    return bool(flag)
+    return bool(flag) if readable(flag) else None
 
 
 def negative_zeros(updates: Params) -> Params:

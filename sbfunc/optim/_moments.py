@@ -9,7 +9,15 @@ from typing import NamedTuple
 import torch
 
 from sbfunc.module import Params
-from sbfunc.optim._base import GradientTransformation, Scalar, Transform, by_group, on, zero_count
+from sbfunc.optim._base import (
+    GradientTransformation,
+    Scalar,
+    Transform,
+    by_group,
+    on,
+    readable,
+    zero_count,
+)
 from sbfunc.optim._checks import check_real_or_schedule
 from sbfunc.optim._schedules import value_at
 from sbfunc.optim._transforms import HParam
@@ -177,17 +185,25 @@ class _ScaleByAdam(Transform):
         self, updates: Params, state: ScaleByAdamState, params: Params | None = None
     ) -> tuple[Params, ScaleByAdamState]:
         count = state.count
-        # torch.optim's bias corrections, in float64 as its Python floats are
         next_count = count + 1
-        t = next_count.to(_F64)
-        bc1 = 1 - torch.pow(self.b1, t)
-        bc2_sqrt = (1 - torch.pow(self.b2, t)).sqrt()
         lr = self.learning_rate
-        if lr is None:
-            step: Scalar = bc1.reciprocal()
-        else:
-            lr_t = value_at(lr, count) if callable(lr) else torch.full_like(bc1, lr)
-            step = (lr_t / bc1).neg()
+        step: Scalar
+        bc2_sqrt: Scalar
+        if readable(count) and not callable(lr):
+            # eagerly on the CPU, torch.optim's own arithmetic: Python floats from the count
+            t = int(next_count)
+            bc1 = 1 - self.b1**t
+            bc2_sqrt = (1 - self.b2**t) ** 0.5
+            step = 1 / bc1 if lr is None else (lr / bc1) * -1
+        else:  # the same in 0-d float64 tensors: no host sync, no recompilation
+            t64 = next_count.to(_F64)
+            bc1_t = 1 - torch.pow(self.b1, t64)
+            bc2_sqrt = (1 - torch.pow(self.b2, t64)).sqrt()
+            if lr is None:
+                step = bc1_t.reciprocal()
+            else:
+                lr_t = value_at(lr, count) if callable(lr) else torch.full_like(bc1_t, lr)
+                step = (lr_t / bc1_t).neg()
 
         def moments(
             g: list[torch.Tensor],

@@ -10,6 +10,7 @@ from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation
 from sbfunc.step.microbatch import microbatching
+from sbfunc.step.replicas import ONE_PROCESS, Replicas
 from sbfunc.step.train_step import NonFinite, TrainStep
 
 __all__ = ["make_train_step"]
@@ -26,6 +27,7 @@ def make_train_step(
     microbatches: int | None = None,
     microbatch_size: int | None = None,
     per_sample: PerSample = None,
+    replicas: Replicas = ONE_PROCESS,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -75,6 +77,9 @@ def make_train_step(
         per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
             to count its rows; ``None`` infers them. It must be the spec of every algorithm
             that prunes rows (``SelectiveBackprop(per_sample=...)``).
+        replicas: how the step combines with other processes (:mod:`sbfunc.step.replicas`):
+            :data:`~sbfunc.step.replicas.ONE_PROCESS` (default) or
+            :class:`sbfunc.distributed.DataParallel`.
 
     Raises:
         TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
@@ -133,6 +138,11 @@ def make_train_step(
     # Each algorithm takes the step's loss and per-sample spec (a spec of its own that
     # disagrees is refused there).
     check_per_sample(per_sample)
+    if not isinstance(replicas, Replicas):
+        raise TypeError(
+            "replicas must be sbfunc.step.replicas.ONE_PROCESS or an "
+            f"sbfunc.distributed.DataParallel, got {type(replicas).__name__}"
+        )
     algorithms = tuple(a.bind(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
     split = microbatching(microbatches, microbatch_size)
     return TrainStep(
@@ -144,4 +154,5 @@ def make_train_step(
         keyed_model,
         split,
         per_sample=per_sample,
+        replicas=replicas,
     )

@@ -43,12 +43,12 @@ from sbfunc.engine.ordering import Pass
 from sbfunc.engine.run import apply_planned, run_event, step_key
 from sbfunc.module import LossFn, Params
 from sbfunc.optim import GradientTransformation, apply_updates
-from sbfunc.optim._finite import host_flag
-from sbfunc.step.gradients import all_finite, keep_if_finite, tracing
+from sbfunc.step.gradients import all_finite
+from sbfunc.step.guard import keep_finite, mask_corrupt_rows
 from sbfunc.step.microbatch import Microbatching, accumulate
-from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.objective import Objective
 from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
+from sbfunc.step.replicas import ONE_PROCESS, Replicas
 from sbfunc.validation import check_int
 
 __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
@@ -78,10 +78,6 @@ class TrainStep(nn.Module):
         MosaicML Composer ``Engine`` and ``Trainer``; ``jax.jit(train_step)``.
     """
 
-    collective: bool = False
-    """Whether a batch left with zero rows still makes the step (data parallelism: another
-    rank may have rows, and the gradient transform's collective must run on every rank)."""
-
     def __init__(
         self,
         loss_fn: LossFn,
@@ -93,8 +89,10 @@ class TrainStep(nn.Module):
         microbatching: Microbatching | None = None,
         *,
         per_sample: PerSample = None,
+        replicas: Replicas = ONE_PROCESS,
     ) -> None:
         super().__init__()
+        self.replicas = replicas
         self.microbatching = microbatching
         self.per_sample = per_sample
         self.loss_fn = loss_fn
@@ -148,6 +146,7 @@ class TrainStep(nn.Module):
                 )
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps", low=1)
+        params, buffers, key = self.replicas.share(params, buffers, key)
         init_key = sbrandom.fold_in(key, _INIT_STREAM)
         streams = stream_ids([a.name for a in self.algorithms])
         zero = torch.zeros((), dtype=torch.int64, device=key.device)
@@ -261,21 +260,17 @@ class TrainStep(nn.Module):
             skipped_so_far = torch.zeros((), dtype=torch.int64, device=root.device)
         ok = None
         if self.nonfinite != "allow":  # a corrupt row costs one row (sbfunc.step.nonfinite)
-            ok = finite_rows(carry.context.batch, per_sample=self.per_sample)
-            if ok is not None and host_flag(ok.all()):  # eagerly on the CPU: all finite,
-                ok = None  # nothing to mask (reading the flag costs no sync there)
-            if ok is not None:
-                masked = zero_rows(carry.context.batch, ok, per_sample=self.per_sample)
-                carry = carry._replace(context=carry.context._replace(batch=masked))
+            masked, ok = mask_corrupt_rows(carry.context.batch, per_sample=self.per_sample)
+            carry = carry._replace(context=carry.context._replace(batch=masked))
         n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
-        if n_kept == 0 and not self.collective:  # every row left: no update
+        if n_kept == 0 and not self.replicas.collective:  # every row left: no update
             carry = _advance(carry)
             carry = fire(Event.BATCH_END, carry)
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
             bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
             return carry, Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
-        model_key = self.model_key if self.keyed_model else None
+        model_key = self._model_key if self.keyed_model else None
         inside = bool(
             self.planner.planned(plan.events, Event.AFTER_FORWARD)
             or self.planner.planned(plan.events, Event.BEFORE_LOSS)
@@ -296,8 +291,9 @@ class TrainStep(nn.Module):
                 model_key=model_key,
                 ok=ok,
             )
-        carry, grads, loss, apply = self.synchronize(carry, grads, loss, n_bwd)
-        context = carry.context._replace(grads=grads)
+        grads, loss, apply = self.replicas.mean(grads, loss, n_bwd)
+        buffers = self.replicas.sync_buffers(carry.context.buffers)
+        context = carry.context._replace(grads=grads, buffers=buffers)
         carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
         context = carry.context
         grads = grads if context.grads is None else context.grads
@@ -306,20 +302,12 @@ class TrainStep(nn.Module):
         checked = None if self.nonfinite == "allow" else all_finite(loss, grads)
         if apply is not None:
             checked = apply if checked is None else checked & apply
-        buffers = context.buffers
-        if checked is None:
-            finite = torch.ones((), dtype=torch.bool, device=loss.device)
-        else:
-            finite = checked
-            if finite.device.type == "cpu" and not tracing():
-                # Eagerly on the CPU the flag is a host value already (no device to sync):
-                # branch instead of one torch.where per tensor.
-                if not finite:
-                    params, opt_state, buffers = context.params, context.opt_state, state.buffers
-            else:
-                params = keep_if_finite(finite, params, context.params)
-                opt_state = keep_if_finite(finite, opt_state, context.opt_state)
-                buffers = keep_if_finite(finite, buffers, state.buffers)
+        finite, (params, opt_state, buffers) = keep_finite(
+            checked,
+            (params, opt_state, context.buffers),
+            (context.params, context.opt_state, state.buffers),
+            device=loss.device,
+        )
         context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
         carry = _advance(carry._replace(context=context))
         carry = fire(Event.AFTER_TRAIN_BATCH, carry)
@@ -329,24 +317,22 @@ class TrainStep(nn.Module):
             bad = skipped_so_far.new_zeros(())
         return carry, Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)
 
-    def model_key(self, base: torch.Tensor) -> torch.Tensor:
+    def _model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
-        return sbrandom.fold_in(base, _MODEL_STREAM)
-
-    def synchronize(
-        self, carry: Carry, grads: Params, loss: torch.Tensor, rows: int
-    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
-        """Combine ``grads`` and ``loss`` (of this process's ``rows`` rows) with the other
-        processes' before ``AFTER_BACKWARD``; the identity here. The last value, a 0-d bool
-        tensor or ``None``, says whether to apply the update (``None``: decide as usual)."""
-        return carry, grads, loss, None
+        return self.replicas.model_key(sbrandom.fold_in(base, _MODEL_STREAM))
 
     def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
-        if self.nonfinite == "raise" and out.samples_backpropagated > 0 and bool(out.skipped):
+        if (
+            self.nonfinite == "raise"
+            and (out.samples_backpropagated > 0 or self.replicas.collective)
+            and bool(out.skipped)
+            and self.replicas.any_rank(out.samples_backpropagated > 0)
+        ):
+            where = " on some rank" if self.replicas.collective else ""
             raise FloatingPointError(
-                f"step {state.time.step}: the loss or a gradient is not finite (loss "
+                f"step {state.time.step}: the loss or a gradient is not finite{where} (loss "
                 f"{float(out.loss)}); the update was not applied. Pass nonfinite='skip' to "
                 "make_train_step to skip such updates and count them instead"
             )

@@ -51,6 +51,7 @@ class Scenario(NamedTuple):
     rebalance: bool
     policy: Callable[[], Policy] = rank_power
     ids: bool = False  # read (and gather) the sample ids
+    microbatch_size: int | None = None  # gradient accumulation over chunks of kept rows
 
 
 SCENARIOS = {
@@ -64,6 +65,7 @@ SCENARIOS = {
         lambda: sbfunc.policies.jiang_cdf(1.0, history=32, reweight=True),
         ids=True,
     ),
+    "global_rank_power_microbatched": Scenario("global", False, microbatch_size=3),
     "global_empty_rank": Scenario("global", False, first_half),
     "global_empty_rank_rebalance": Scenario("global", True, first_half),
     "local_rank_power": Scenario("local", False),
@@ -134,11 +136,19 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
     )
     params, buffers = sbfunc.split_module(net, clone=True)
     algs = [sb] if algorithms else []
+    split = scenario.microbatch_size
     if comm is None:
-        step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-2), algs)
+        step = sbfunc.make_train_step(
+            loss_fn, sbfunc.optim.adam(1e-2), algs, microbatch_size=split
+        )
     else:
         step = sbdist.make_data_parallel_step(
-            loss_fn, sbfunc.optim.adam(1e-2), algs, comm=comm, bucket_mb=1e-4
+            loss_fn,
+            sbfunc.optim.adam(1e-2),
+            algs,
+            comm=comm,
+            bucket_mb=1e-4,
+            microbatch_size=split,
         )
     return step, step.init(params, buffers, key=KEY)
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import distributed as sbdist
 from sbfunc.distributed.comm import buckets
+from sbfunc.step.replicas import ONE_PROCESS
 from tests.distributed import common
 
 
@@ -85,6 +86,25 @@ def test_step_arguments_are_checked():
         sbdist.make_data_parallel_step(loss_fn, opt, buffers="sum")
     with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
         sbdist.make_data_parallel_step(loss_fn, opt, comm="world")
+    with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
+        sbdist.DataParallel(comm="world")
+    with pytest.raises(TypeError, match=r"replicas must be sbfunc\.step\.replicas\.ONE_PROCESS"):
+        sbfunc.make_train_step(loss_fn, opt, replicas="ddp")
+
+
+def test_data_parallel_is_a_component_of_the_ordinary_step():
+    """No subclass: the data-parallel step is a TrainStep whose replicas is a DataParallel,
+    and both ways of building it give the same step."""
+    loss_fn = sbfunc.per_sample_loss(common.model(), F.cross_entropy)
+    opt = sbfunc.optim.sgd(0.1)
+    shorthand = sbdist.make_data_parallel_step(loss_fn, opt, bucket_mb=1.0, buffers="mean")
+    direct = sbfunc.make_train_step(
+        loss_fn, opt, replicas=sbdist.DataParallel(bucket_mb=1.0, buffers="mean")
+    )
+    assert type(shorthand) is type(direct) is sbfunc.TrainStep
+    for dp in (shorthand.replicas, direct.replicas):
+        assert (dp.bucket_bytes, dp.buffers, dp.comm.world) == (2**20, "mean", 1)
+    assert sbfunc.make_train_step(loss_fn, opt).replicas is ONE_PROCESS
 
 
 @pytest.mark.parametrize("wrap", [sbdist.local_selection, sbdist.global_selection])

@@ -1,0 +1,54 @@
+"""The step's non-finite guard, both halves: corrupt rows masked before the forward
+(:mod:`sbfunc.step.nonfinite`), and an update whose loss or gradient is not finite kept from
+the parameters, the optimizer state and the buffers (as optax ``apply_if_finite``, without a
+host sync: one ``torch.where`` per tensor on a device or under the compiler; eagerly on the
+CPU the flag is a host value already, and a branch skips the selects)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sbfunc.optim._finite import host_flag
+from sbfunc.rows import PerSample
+from sbfunc.step.gradients import keep_if_finite, tracing
+from sbfunc.step.nonfinite import finite_rows, zero_rows
+
+__all__ = ["keep_finite", "mask_corrupt_rows"]
+
+
+def mask_corrupt_rows(batch: Any, *, per_sample: PerSample) -> tuple[Any, torch.Tensor | None]:
+    """``(batch, ok)``: the batch with its non-finite rows zeroed and the ``Tensor[N]`` mask
+    of finite rows; ``(batch, None)`` when every row is known to be finite (eagerly on the
+    CPU, where reading the flag costs no sync) or the batch has no floating-point rows.
+
+    Example:
+        >>> from sbfunc.step.guard import mask_corrupt_rows
+        >>> mask_corrupt_rows((torch.tensor([[1.0], [float("nan")]]),), per_sample=None)
+        ((tensor([[1.], [0.]]),), tensor([ True, False]))
+    """
+    ok = finite_rows(batch, per_sample=per_sample)
+    if ok is None or host_flag(ok.all()):
+        return batch, None
+    return zero_rows(batch, ok, per_sample=per_sample), ok
+
+
+def keep_finite(
+    finite: torch.Tensor | None, new: Any, old: Any, *, device: torch.device
+) -> tuple[torch.Tensor, Any]:
+    """``(finite, new)`` when ``finite`` holds (or is ``None``: no check), else
+    ``(finite, old)``, over matching pytrees (the parameters, optimizer state and buffers
+    after and before the update); a ``None`` flag comes back as ``True`` on ``device``.
+
+    Example:
+        >>> from sbfunc.step.guard import keep_finite
+        >>> keep_finite(torch.tensor(False), {"w": torch.ones(1)}, {"w": torch.zeros(1)},
+        ...             device=torch.device("cpu"))
+        (tensor(False), {'w': tensor([0.])})
+    """
+    if finite is None:
+        return torch.ones((), dtype=torch.bool, device=device), new
+    if finite.device.type == "cpu" and not tracing():
+        return finite, new if bool(finite) else old
+    return finite, keep_if_finite(finite, new, old)
