@@ -12,21 +12,24 @@ compiled, dynamo's guard checks and frame transitions. For each model it times, 
   rank-power Gumbel-top-k draw of half the rows (noise from an :mod:`sbfunc.random` key, as
   sbfunc draws it), the gradient on the kept rows; ``hand SB top-k`` keeps the top half
   instead (no noise);
-* ``sbfunc ...``: ``sbfunc.make_train_step`` eagerly and ``torch.compile(step)``d, plain,
+* ``sbfunc ...``: ``sbfunc.make_train_step`` eagerly, ``torch.compile(step)``d
+  (``compiled``) and compiled in place with ``step.compile()`` (``compile()``: the host plan
+  and finish as plain Python around the compiled core), plain,
   with ``SelectiveBackprop(keep=0.5)`` selecting on every step, and with SB + CutOut + MixUp +
   LabelSmoothing.
 
-Targets (issue 18): compiled sbfunc <= 1.25x the compiled hand step (plain vs plain, SB vs
-hand SB), <= 1.5x with SB + 3 (vs hand SB); eager sbfunc plain <= 1.1x and SB <= 1.5x the
-torch.optim loop. Models: the zero-compute ``Flatten-Linear(8,8)-ReLU-Linear(8,2)`` at batch 8
-on ``[8, 1, 8]`` inputs (the Flatten lets CutOut see a ``[N, C, L]`` input; it is a view) at
-1 thread, and the quickstart and study CNNs (from ``compiled_step.py``) at 2 threads. For
-the compiled sbfunc steps on the zero model it also reports the profiler's dynamo cache
-lookups per step and the graph breaks (``torch._dynamo`` counters) with their reasons.
+Targets (issue 18): compiled sbfunc (both ways) <= 1.25x the compiled hand step (plain vs
+plain, SB vs hand SB), <= 1.5x with SB + 3 (vs hand SB); eager sbfunc plain <= 1.1x and SB
+<= 1.5x the torch.optim loop. Models: the zero-compute ``Flatten-Linear(8,8)-ReLU-Linear(8,2)``
+at batch 8 on ``[8, 1, 8]`` inputs (the Flatten lets CutOut see a ``[N, C, L]`` input; it is
+a view) at 1 thread, and the quickstart and study CNNs (from ``compiled_step.py``) at 2
+threads. For the compiled sbfunc steps on the zero model it also reports the profiler's
+dynamo cache lookups per step and the graph breaks (``torch._dynamo`` counters) with their
+reasons.
 
 Run: ``python benchmarks/host_overhead.py`` (``--models zero quickstart study``, ``--rounds``,
-``--threads``, ``--quick`` for a smoke run; ``--profile DIR`` writes cProfile tables of the
-eager and compiled SB steps on the zero model and exits).
+``--threads``, ``--quick`` for a smoke run; ``--profile DIR`` writes cProfile tables of
+sbfunc's and the hand-written steps on the zero model and exits).
 """
 
 from __future__ import annotations
@@ -80,14 +83,18 @@ def sbfunc_algorithms(variant: str, model: nn.Module, classes: int) -> list[sbfu
             sbfunc.LabelSmoothing(num_classes=classes)]  # fmt: skip
 
 
-def sbfunc_runner(model: nn.Module, variant: str, classes: int, compiled: bool) -> Any:
-    """``advance(batch)``: one sbfunc training step on its own state (built here)."""
+def sbfunc_runner(model: nn.Module, variant: str, classes: int, mode: str) -> Any:
+    """``advance(batch)``: one sbfunc training step on its own state (built here); ``mode``:
+    ``"eager"``, ``"compiled"`` (``torch.compile(step)``) or ``"compile()"``
+    (``step.compile()``: the host plan around the compiled core)."""
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     algorithms = sbfunc_algorithms(variant, model, classes)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms)
     params, buffers = sbfunc.split_module(model, clone=True)
     state = [step.init(params, buffers, key=sbfunc.random.key(0))]
-    call = torch.compile(step) if compiled else step
+    call = torch.compile(step) if mode == "compiled" else step
+    if mode == "compile()":
+        step.compile()
 
     def advance(batch: Batch) -> None:
         state[0] = call(state[0], batch)[0]
@@ -195,7 +202,14 @@ ROWS: dict[str, tuple[str | None, float | None, float | None]] = {
     "sbfunc compiled plain": ("hand compiled plain", 1.25, None),
     "sbfunc compiled SB": ("hand compiled SB", 1.25, None),
     "sbfunc compiled SB+3": ("hand compiled SB", 1.5, None),
+    "sbfunc compile() plain": ("hand compiled plain", 1.25, None),
+    "sbfunc compile() SB": ("hand compiled SB", 1.25, None),
+    "sbfunc compile() SB+3": ("hand compiled SB", 1.5, None),
 }
+
+
+def is_compiled(name: str) -> bool:
+    return " compiled " in name or " compile() " in name
 
 
 def make_row(name: str, build: Callable[[], Any], classes: int) -> Any:
@@ -203,11 +217,11 @@ def make_row(name: str, build: Callable[[], Any], classes: int) -> Any:
     model, _, batch = build()
     if name == "torch.optim loop":
         return loop_runner(model)
-    compiled = " compiled " in name
     if name.startswith("hand"):
         select = "top-k" if name.endswith("top-k") else ("rank-power" if "SB" in name else None)
-        return hand_runner(model, select, compiled, batch)
-    return sbfunc_runner(model, name.rsplit(" ", 1)[1], classes, compiled)
+        return hand_runner(model, select, is_compiled(name), batch)
+    _, mode, variant = name.split(" ")
+    return sbfunc_runner(model, variant, classes, mode)
 
 
 def quartiles(v: list[float]) -> tuple[float, float, float]:
@@ -255,7 +269,7 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
     for name in ROWS:
         advance = make_row(name, build, classes)
         fns[name] = functools.partial(advance, data)
-        if " compiled " in name:
+        if is_compiled(name):
             torch._dynamo.utils.counters.clear()
             t0 = time.perf_counter()
             fns[name]()
@@ -302,13 +316,15 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
 
 
 def profile_steps(out: Path, steps: int) -> None:
-    """cProfile of the zero model's eager and compiled sbfunc SB steps: top 25 functions by
-    cumulative and by own time, written to ``out``."""
+    """cProfile of the zero model's eager and compiled sbfunc steps (plain and SB) and of the
+    compiled hand-written steps: top 25 functions by cumulative and by own time, written to
+    ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     build, classes, _ = MODELS["zero"]
     data = (torch.randn(8, 1, 8), torch.randint(0, classes, (8,)))
     for name in ("sbfunc eager SB", "sbfunc compiled SB", "sbfunc eager plain",
-                 "sbfunc compiled plain"):  # fmt: skip
+                 "sbfunc compiled plain", "sbfunc compile() plain", "sbfunc compile() SB",
+                 "hand compiled plain", "hand compiled SB"):  # fmt: skip
         advance = make_row(name, build, classes)
         for _ in range(20):  # compile and warm up
             advance(data)

@@ -24,7 +24,7 @@ from sbfunc.engine.plan import Leaf, Planned, Planner, get_path, set_path
 from sbfunc.engine.state import State, TrainState
 from sbfunc.engine.trace import Trace, unpack_result
 
-__all__ = ["Carry", "apply_planned", "leaf_key", "run_event", "step_key"]
+__all__ = ["Carry", "advance_time", "apply_planned", "leaf_key", "run_event", "step_key"]
 
 _EVENT_INDEX = {e: i for i, e in enumerate(Event)}
 
@@ -170,3 +170,19 @@ def run_event(
         out.params, out.buffers, state.key, out.opt_state, carry.algorithm_state, state.time
     )
     return new, carry.traces
+
+
+def advance_time(carry: Carry) -> Carry:
+    """The carry after the update: its (tensor) time shows the next step, as
+    :meth:`sbfunc.Time.advanced` does on the host (``elapsed`` from ``total_steps`` once it is
+    known)."""
+    context = carry.context
+    t = context.time
+    if t is None:
+        return carry
+    step = t.step + 1
+    elapsed = t.elapsed
+    if t.total_steps is not None:  # as Time.advanced does on the host
+        elapsed = (step / t.total_steps).clamp(max=1.0).to(t.elapsed.dtype)
+    t = t._replace(step=step, batch_in_epoch=t.batch_in_epoch + 1, elapsed=elapsed)
+    return carry._replace(context=context._replace(time=t))

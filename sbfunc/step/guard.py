@@ -14,8 +14,10 @@ from sbfunc.optim._finite import host_flag
 from sbfunc.rows import PerSample
 from sbfunc.step.gradients import keep_if_finite, tracing
 from sbfunc.step.nonfinite import finite_rows, zero_rows
+from sbfunc.step.records import Out
+from sbfunc.step.replicas import Replicas
 
-__all__ = ["keep_finite", "mask_corrupt_rows"]
+__all__ = ["keep_finite", "mask_corrupt_rows", "raise_if_nonfinite"]
 
 
 def mask_corrupt_rows(batch: Any, *, per_sample: PerSample) -> tuple[Any, torch.Tensor | None]:
@@ -52,3 +54,23 @@ def keep_finite(
     if finite.device.type == "cpu" and not tracing():
         return finite, new if bool(finite) else old
     return finite, keep_if_finite(finite, new, old)
+
+
+def raise_if_nonfinite(out: Out, step: int, replicas: Replicas) -> None:
+    """``nonfinite="raise"``: raise ``FloatingPointError`` for a skipped update (on every rank
+    when any rank had rows) or for rows left out of it. Reads the flags (a device sync)."""
+    had_rows = out.samples_backpropagated > 0
+    if (had_rows or replicas.collective) and bool(out.skipped) and replicas.any_rank(had_rows):
+        where = " on some rank" if replicas.collective else ""
+        raise FloatingPointError(
+            f"step {step}: the loss or a gradient is not finite{where} (loss "
+            f"{float(out.loss)}); the update was not applied. Pass nonfinite='skip' to "
+            "make_train_step to skip such updates and count them instead"
+        )
+    bad = 0 if out.rows_nonfinite is None else int(out.rows_nonfinite)
+    if bad:
+        raise FloatingPointError(
+            f"step {step}: {bad} of {out.samples_in_batch} rows have an input or loss that "
+            "is not finite. Pass nonfinite='skip' to make_train_step to leave such rows out "
+            "of the update and count them instead"
+        )

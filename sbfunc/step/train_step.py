@@ -40,11 +40,12 @@ from sbfunc.engine import (
     stream_ids,
 )
 from sbfunc.engine.ordering import Pass
-from sbfunc.engine.run import apply_planned, run_event, step_key
+from sbfunc.engine.run import advance_time, apply_planned, run_event, step_key
 from sbfunc.module import LossFn, Params
 from sbfunc.optim import GradientTransformation, apply_updates
+from sbfunc.step.compile_guards import drop_library_globals
 from sbfunc.step.gradients import all_finite
-from sbfunc.step.guard import keep_finite, mask_corrupt_rows
+from sbfunc.step.guard import keep_finite, mask_corrupt_rows, raise_if_nonfinite
 from sbfunc.step.microbatch import Microbatching, accumulate
 from sbfunc.step.objective import Objective
 from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
@@ -114,6 +115,7 @@ class TrainStep(nn.Module):
             fn = getattr(type(self), name)
             own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
             setattr(self, name, types.MethodType(own, self))
+        self.compiled_core: Any = None  # set by compile()
         self._host_plan = torch.compiler.disable(self._prepare)
         self._host_finish = torch.compiler.disable(self.finish)
 
@@ -180,9 +182,50 @@ class TrainStep(nn.Module):
             plan, batch = self._host_plan(state, batch, True)
             carry, out = self.core(plan, state, batch)
             return self._host_finish(state, carry, out)
-        plan = self.plan(state, batch)
-        carry, out = self.core(plan, state, batch)
+        if self.compiled_core is not None:  # step.compile(): host plan, compiled core
+            plan, batch = self._prepare(state, batch, True)
+            carry, out = self.compiled_core(plan, state, batch)
+        else:
+            plan = self.plan(state, batch)
+            carry, out = self.core(plan, state, batch)
         return self.finish(state, carry, out)
+
+    def compile(self, *, library_guards: bool = False, **options: Any) -> None:
+        """Compile the step in place: :meth:`core` with ``torch.compile(**options)``, while
+        :meth:`plan` and :meth:`finish` run as plain Python around it (``jax.jit`` of the
+        pure part). The fastest way to compile a step: one compiled frame per call (the
+        core's), where ``torch.compile(step)`` has two (the entry frame and the resume frame
+        after the host plan), with the same graphs and results; and the guards on library
+        globals left out (:mod:`sbfunc.step.compile_guards`), which on small models cost more
+        than the step's arithmetic.
+
+        Args:
+            library_guards: keep the guards on sbfunc's, torch's and the standard library's
+                globals too (``torch.compile``'s default; slower, and only needed if you
+                patch those modules between steps).
+            **options: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
+                ``dynamic``, ``options``); a ``guard_filter_fn`` in ``options`` replaces
+                the default one.
+
+        Example:
+            >>> ce = torch.nn.functional.cross_entropy
+            >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
+            >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+            >>> step.compile(backend="eager", fullgraph=True)
+            >>> state = step.init(*sbfunc.split_module(torch.nn.Linear(2, 2)),
+            ...                   key=sbfunc.random.key(0))
+            >>> state, m = step(state, (torch.randn(4, 2), torch.tensor([0, 1, 1, 0])))
+            >>> state.time.step
+            1
+
+        References:
+            ``torch.nn.Module.compile``; ``jax.jit``.
+        """
+        if not library_guards:
+            inductor = dict(options.get("options") or {})
+            inductor.setdefault("guard_filter_fn", drop_library_globals)
+            options = {**options, "options": inductor}
+        self.compiled_core = torch.compile(self.core, **options)
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """The same as calling the step (``nn.Module``'s entry point)."""
@@ -264,7 +307,7 @@ class TrainStep(nn.Module):
             carry = carry._replace(context=carry.context._replace(batch=masked))
         n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
         if n_kept == 0 and not self.replicas.collective:  # every row left: no update
-            carry = _advance(carry)
+            carry = advance_time(carry)
             carry = fire(Event.BATCH_END, carry)
             nan = torch.full((), torch.nan, device=skipped_so_far.device)
             done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
@@ -309,7 +352,7 @@ class TrainStep(nn.Module):
             device=loss.device,
         )
         context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
-        carry = _advance(carry._replace(context=context))
+        carry = advance_time(carry._replace(context=context))
         carry = fire(Event.AFTER_TRAIN_BATCH, carry)
         carry = fire(Event.BATCH_END, carry)
         bad = None if used is None else (~used).sum()  # rows in the update left out
@@ -324,26 +367,8 @@ class TrainStep(nn.Module):
     def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
-        if (
-            self.nonfinite == "raise"
-            and (out.samples_backpropagated > 0 or self.replicas.collective)
-            and bool(out.skipped)
-            and self.replicas.any_rank(out.samples_backpropagated > 0)
-        ):
-            where = " on some rank" if self.replicas.collective else ""
-            raise FloatingPointError(
-                f"step {state.time.step}: the loss or a gradient is not finite{where} (loss "
-                f"{float(out.loss)}); the update was not applied. Pass nonfinite='skip' to "
-                "make_train_step to skip such updates and count them instead"
-            )
-        if self.nonfinite == "raise" and out.rows_nonfinite is not None:
-            bad = int(out.rows_nonfinite)
-            if bad:
-                raise FloatingPointError(
-                    f"step {state.time.step}: {bad} of {out.samples_in_batch} rows have an "
-                    "input or loss that is not finite. Pass nonfinite='skip' to make_train_step "
-                    "to leave such rows out of the update and count them instead"
-                )
+        if self.nonfinite == "raise":
+            raise_if_nonfinite(out, state.time.step, self.replicas)
         context = carry.context
         scored = context.samples_scored
         time = state.time.advanced(
@@ -371,17 +396,3 @@ class TrainStep(nn.Module):
             time,
         )
         return new, metrics
-
-
-def _advance(carry: Carry) -> Carry:
-    """The carry after the update: the time shows the next step."""
-    context = carry.context
-    t = context.time
-    if t is None:
-        return carry
-    step = t.step + 1
-    elapsed = t.elapsed
-    if t.total_steps is not None:  # as Time.advanced does on the host
-        elapsed = (step / t.total_steps).clamp(max=1.0).to(t.elapsed.dtype)
-    t = t._replace(step=step, batch_in_epoch=t.batch_in_epoch + 1, elapsed=elapsed)
-    return carry._replace(context=context._replace(time=t))

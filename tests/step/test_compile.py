@@ -112,19 +112,27 @@ def test_the_compiled_step_keeps_init_and_fire(compiled_run):
     assert compiled.init(state.params, state.buffers, key=sbfunc.random.key(1)).time.step == 0
 
 
-def test_the_core_compiles_with_fullgraph(compiled_run):
-    step, state, _, _ = compiled_run
-    state = _at(state, STEPS // 2)  # SB active (batch_in_epoch is even)
-    plan = step.plan(state, _batch(0))
-    assert plan.events[0], "SB must be planned on AFTER_DATALOADER"
-    core = torch.compile(step.core, fullgraph=True)
-    run, out = core(plan, state, _batch(0))
-    eager_run, eager_out = step.core(plan, state, _batch(0))
-    assert out.samples_backpropagated == eager_out.samples_backpropagated == N // 2
-    for k in run.context.params:
-        torch.testing.assert_close(
-            run.context.params[k], eager_run.context.params[k], rtol=1e-6, atol=1e-7
-        )
+def test_step_compile_is_one_fullgraph_frame_equal_to_eager():
+    """``step.compile()``: the host plan and finish around the compiled core; with
+    ``fullgraph=True`` no graph break, one graph per plan, no recompiles, the eager results."""
+    torch._dynamo.reset()
+    counters.clear()
+    step, state = _build()
+    eager_step, eager_state = _build()
+    step.compile(fullgraph=True)
+    graphs = []
+    for i in range(STEPS):
+        state, eager_state = _at(state, i), _at(eager_state, i)
+        state, metrics = step(state, _batch(i))
+        eager_state, eager_metrics = eager_step(eager_state, _batch(i))
+        _assert_close(eager_state, state)
+        assert eager_state.time == state.time
+        assert metrics.samples_backpropagated == eager_metrics.samples_backpropagated
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[-1] == 2, graphs  # SB on and off
+    assert graphs[STEPS // 2] == graphs[-1], graphs
+    assert sum(counters["graph_break"].values()) == 0
+    assert sum(counters["recompiles"].values()) == 0
 
 
 def test_variable_count_policy_with_refill_compiles_to_a_bounded_number_of_graphs():

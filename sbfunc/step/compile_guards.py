@@ -1,0 +1,72 @@
+"""Which guards a compiled step keeps: everything but the guards on library globals.
+
+``torch.compile`` guards every global a traced function reads, so that a changed global
+recompiles. Tracing a training step reads hundreds of them in sbfunc's and torch's own modules
+(functions, classes, constants, module aliases such as ``sbfunc.batch.torch is torch``: 833
+global guards for a Selective Backprop step, about as many as every other guard together),
+and checking them on every call costs more than the step's own arithmetic on a small model
+(``benchmarks/host_overhead.py``). Those globals are fixed once the library is imported.
+:func:`drop_library_globals` drops exactly them and keeps every guard on the step's inputs
+(tensors, the plan, the state's structure) and on globals of any other module, so code of
+yours that the step traces (a model's ``forward``, an algorithm) still recompiles when a global
+it reads changes. :meth:`sbfunc.TrainStep.compile` passes it to ``torch.compile``
+(``guard_filter_fn``); patching sbfunc or torch after compiling is then not seen.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["drop_library_globals"]
+
+_LIBRARIES = ("sbfunc", "torch", "optree", "kornia")
+_IMPORT = re.compile(r"G\['__import_(\w+?)'\]")
+_ROOT = re.compile(r"G\['([^']+)'\]")
+_ROOT_MODULE = "sbfunc.step.train_step"  # the module of the traced core
+
+
+def _library(module: str) -> bool:
+    root = module.split(".")[0]
+    return root in _LIBRARIES or root in sys.stdlib_module_names
+
+
+def library_global(name: str) -> bool:
+    """Whether a guard's source ``name`` is a global of a library or standard module (or a
+    builtin), rather than of user code.
+
+    Example:
+        >>> from sbfunc.step.compile_guards import library_global
+        >>> library_global("G['__import_sbfunc_dot_batch'].torch"), library_global("G['Out']")
+        (True, True)
+        >>> library_global("G['__import_my_model'].SCALE")
+        False
+    """
+    found = _IMPORT.match(name)
+    if found is not None:  # a global reached through an imported module
+        return _library(found.group(1).replace("_dot_", "."))
+    found = _ROOT.match(name)
+    if found is None:
+        return False
+    root = found.group(1)
+    if root.startswith("__builtins_dict__"):
+        return True
+    module = sys.modules.get(_ROOT_MODULE)
+    value = None if module is None else vars(module).get(root)
+    return value is not None and _library(getattr(value, "__module__", None) or root)
+
+
+def drop_library_globals(entries: Sequence[Any]) -> list[bool]:
+    """``torch.compile``'s ``guard_filter_fn``: keep every guard but those on library globals
+    (see the module docs).
+
+    Example:
+        >>> from sbfunc.step.compile_guards import drop_library_globals
+        >>> f = torch.compile(lambda x: torch.sin(x) + 1, backend="eager",
+        ...                   options={"guard_filter_fn": drop_library_globals})
+        >>> f(torch.zeros(2))
+        tensor([1., 1.])
+    """
+    return [not (e.is_global and library_global(e.name)) for e in entries]

@@ -1,0 +1,105 @@
+"""``step.compile()`` leaves out the guards on library globals and keeps every other one."""
+
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+from torch._dynamo.utils import counters
+
+import sbfunc
+from sbfunc.step.compile_guards import drop_library_globals, library_global
+
+SCALE = 1.0  # read by the model below: a global of user code
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) * SCALE
+
+
+def _step_and_state():
+    torch.manual_seed(0)
+    model = Scaled()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    return step, state
+
+
+BATCH = (torch.ones(4, 3), torch.tensor([0, 1, 0, 1]))
+
+
+def test_a_changed_user_global_still_recompiles_and_is_read():
+    global SCALE
+    torch._dynamo.reset()
+    counters.clear()
+    step, state = _step_and_state()
+    step.compile(backend="eager", fullgraph=True)
+    eager, _ = _step_and_state()
+    try:
+        for scale in (1.0, 3.0):
+            SCALE = scale
+            got, metrics = step(state, BATCH)
+            want, eager_metrics = eager(state, BATCH)
+            torch.testing.assert_close(metrics.loss, eager_metrics.loss)
+            torch.testing.assert_close(got.params, want.params)
+    finally:
+        SCALE = 1.0
+    assert counters["stats"]["unique_graphs"] == 2  # the new SCALE made a new graph
+
+
+def test_library_globals_are_recognised():
+    assert library_global("G['__import_sbfunc_dot_batch'].torch")
+    assert library_global("G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear")
+    assert library_global("G['__import_math'].inf")
+    assert library_global("G['__builtins_dict___0']['len']")
+    assert library_global("G['torch'].Tensor")  # a global of the traced core's module
+    assert not library_global("G['__import___main__'].SCALE")
+    assert not library_global("G['__import_tests_dot_step_dot_test_compile_guards'].SCALE")
+    assert not library_global("L['state'].params['w']")
+    assert not library_global("G['___unnamed_scope_1_c0']")
+
+
+class _Entry:
+    def __init__(self, name: str, is_global: bool) -> None:
+        self.name, self.is_global = name, is_global
+
+
+@given(st.lists(st.tuples(st.sampled_from(["G['torch'].sin", "L['x']", "G['__import_user'].K"]),
+                          st.booleans())))  # fmt: skip
+def test_the_filter_drops_only_global_library_guards(pairs):
+    entries = [_Entry(name, is_global) for name, is_global in pairs]
+    keep = drop_library_globals(entries)
+    assert keep == [not (e.is_global and e.name.startswith("G['torch']")) for e in entries]
+
+
+def test_library_guards_can_be_kept():
+    step, state = _step_and_state()
+    step.compile(backend="eager", library_guards=True)
+    assert step(state, BATCH)[0].time.step == 1
+
+
+def test_new_strings_do_not_recompile_a_compiled_step():
+    """Text fields reach the compiled core as row indices (as under torch.compile(step))."""
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Linear(3, 2)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
+    step.compile(backend="eager", fullgraph=True)
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    for i in range(3):
+        batch = {"x": torch.randn(4, 3), "y": torch.tensor([0, 1, 0, 1]),
+                 "text": [f"step {i} row {j}" for j in range(4)]}  # fmt: skip
+        state, metrics = step(state, batch)
+        assert metrics.samples_backpropagated == 2
+        assert batch["text"][0] == f"step {i} row 0"
+    assert counters["stats"]["unique_graphs"] == 1
