@@ -36,8 +36,10 @@ def measure_regime(
     states = {}
 
     def stepper(name: str, batch: Any, trainer: Any) -> Callable[[], None]:
-        s = trainer.step.init(*init, key=sbfunc.random.key(0), total_steps=64)
-        states[name] = s._replace(time=s.time._replace(elapsed=0.5))
+        # mid-run of a long run: elapsed stays at 0.5 (the step advances it from step and
+        # total_steps), inside every SB window, however many steps the regime takes
+        s = trainer.step.init(*init, key=sbfunc.random.key(0), total_steps=2**20)
+        states[name] = s._replace(time=s.time._replace(step=2**19, elapsed=0.5))
 
         def run() -> None:
             states[name] = trainer.compiled(states[name], batch)[0]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sbfunc.random._threefry import block, counters, host_words, normalize_shape, words
+from sbfunc.random._threefry import Word, block, counters, host_words, normalize_shape, words
 from sbfunc.random.keys import Key, check_key
 from sbfunc.validation import check_fraction, check_real
 
@@ -44,21 +44,29 @@ def check_float_dtype(dtype: torch.dtype) -> torch.dtype:
 _HOST_BLOCKS_MAX = 32  # up to this many elements, Python-int blocks beat ~300 tensor ops
 
 
-def _blocks(k: Key, shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both output words of the block for every element of ``shape``.
+def _host_rows(
+    k: Key, dims: tuple[int, ...], device: torch.device
+) -> list[tuple[int, int]] | None:
+    """Both output words of every element's block as Python ints, for a small draw eagerly on
+    the CPU (a batch's worth of tie noise or Gumbel noise): ~5 us a block instead of the
+    ~0.6 ms of the vectorised cipher's ~300 small tensor ops; the words are the same.
+    ``None`` when the draw is large, on an accelerator or traced."""
+    n = math.prod(dims)
+    if not (isinstance(n, int) and 0 < n <= _HOST_BLOCKS_MAX and device.type == "cpu"):
+        return None
+    if not host_words(k):
+        return None
+    w0, w1 = words(k)
+    return [block(w0, w1, 0, i) for i in range(n)]  # type: ignore[misc]
 
-    Eagerly on the CPU a small draw (a batch's worth of tie noise or Gumbel noise) runs the
-    blocks on Python ints and makes one tensor: ~10 us a block instead of the ~0.6 ms of the
-    vectorised cipher's ~300 small tensor ops; the words are the same.
-    """
+
+def _blocks(k: Key, shape: Shape, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both output words of the block for every element of ``shape`` (int64 tensors)."""
     dims = normalize_shape(shape)
     k = check_key(k, "k")
-    n = math.prod(dims)
-    small = isinstance(n, int) and 0 < n <= _HOST_BLOCKS_MAX
-    if small and device.type == "cpu" and host_words(k):
-        w0, w1 = words(k)
-        y = torch.tensor([block(w0, w1, 0, i) for i in range(n)], dtype=torch.int64)
-        y = y.reshape(*dims, 2)
+    rows = _host_rows(k, dims, device)
+    if rows is not None:
+        y = torch.tensor(rows, dtype=torch.int64).reshape(*dims, 2)
         return y[..., 0], y[..., 1]
     hi, lo = counters(dims, device)
     w0, w1 = words(k, device)
@@ -111,16 +119,26 @@ def _unit(k: Key, shape: Shape, dtype: torch.dtype, device: torch.device) -> tor
     """Uniform in ``[0, 1)`` on the grid ``j * 2**-m`` (``m`` = the dtype's mantissa bits)."""
     info = torch.finfo(check_float_dtype(dtype))
     mant = _mantissa_bits(dtype)
+    dims = normalize_shape(shape)
+    rows = _host_rows(check_key(k, "k"), dims, device)
+    if rows is not None:  # the same arithmetic on Python ints; every value is exact
+        values = [_grid(y0, y1, info.bits, mant) * 2.0**-mant for y0, y1 in rows]
+        return torch.tensor(values, dtype=dtype).reshape(dims)
     y0, y1 = _blocks(k, shape, device)
-    if info.bits == 64:
-        grid = (y0 << (mant - 32)) | (y1 >> (64 - mant))  # the top `mant` of the 64 bits
-    else:
-        width = 8 if mant < 8 else info.bits  # JAX draws at least 8 bits
-        word = y0 ^ y1
-        if width < 32:
-            word = word & ((1 << width) - 1)
-        grid = word >> (width - mant)
+    grid = _grid(y0, y1, info.bits, mant)
+    assert isinstance(grid, torch.Tensor)
     return grid.to(dtype) * 2.0**-mant
+
+
+def _grid(y0: Word, y1: Word, bits: int, mant: int) -> Word:
+    """The top ``mant`` random bits of a block as an integer in ``[0, 2**mant)``."""
+    if bits == 64:
+        return (y0 << (mant - 32)) | (y1 >> (64 - mant))  # the top `mant` of the 64 bits
+    width = 8 if mant < 8 else bits  # JAX draws at least 8 bits
+    word = y0 ^ y1
+    if width < 32:
+        word = word & ((1 << width) - 1)
+    return word >> (width - mant)
 
 
 def uniform(
