@@ -60,8 +60,8 @@ def make_train_step(
     Randomness inside the model (dropout) draws from the state's key, not from torch's global
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
-    ``torch.compile(step)`` compiles it (see the module docs); the result still has ``init``
-    and ``fire`` and works with :func:`sbfunc.fit`.
+    ``step.compile()`` compiles it in place (:meth:`TrainStep.compile`; ``torch.compile(step)``
+    works too); it still has ``init`` and ``fire`` and works with :func:`sbfunc.fit`.
 
     Args:
         loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., train=True)``).

@@ -8,10 +8,12 @@ tensor work (the algorithms' ``apply``, forward, loss, gradients, the gradient t
 its update, the non-finite guard) and reads no Python number that changes from step to step.
 :meth:`TrainStep.finish` advances the host :class:`~sbfunc.Time`.
 
-Under ``torch.compile(step)`` the compiler traces :meth:`TrainStep.__call__` (not
-``nn.Module.__call__``): ``plan`` and ``finish`` are excluded (``torch.compiler.disable``), so
-a step is three small compiled frames (before, between and after the two host calls) and one
-graph of the core per plan (Selective Backprop on or off); no other graph break. A text field
+:meth:`TrainStep.compile` compiles :meth:`TrainStep.core` alone, and ``plan`` and ``finish``
+run as plain Python around it: one compiled frame per step and one graph per plan (Selective
+Backprop on or off). Under ``torch.compile(step)`` the compiler traces
+:meth:`TrainStep.__call__` (not ``nn.Module.__call__``) instead: ``plan`` and ``finish`` are
+excluded (``torch.compiler.disable``), so a step is two compiled frames around the two host
+calls, with the same graph of the core per plan; no other graph break. A text field
 (a list of strings) reaches the compiled core as row indices
 (:func:`sbfunc.batch.strings_as_row_indices`), so new strings never recompile it.
 """
@@ -174,9 +176,8 @@ class TrainStep(nn.Module):
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """One training step on ``batch``: ``plan``, ``core``, ``finish``.
 
-        ``torch.compile(step)`` traces this method directly (not ``nn.Module.__call__``):
-        ``plan`` and ``finish`` are excluded from compilation, so a step is three small
-        compiled frames around one graph of the core (see the module docs).
+        After :meth:`compile` the core is the compiled one; ``torch.compile(step)`` traces
+        this method itself, with ``plan`` and ``finish`` excluded (see the module docs).
         """
         if torch.compiler.is_compiling():  # the host parts stay out of the graph
             plan, batch = self._host_plan(state, batch, True)

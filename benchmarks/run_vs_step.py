@@ -1,0 +1,124 @@
+"""Does a whole Selective Backprop run reach its step-level speed-up? Three grains, one process.
+
+The time-to-accuracy study's plain and rank-power SB steps (width-96 CNN on MNIST-1D, batch
+256, keep 0.5, Adam + cosine, both compiled with ``step.compile()`` and warmed up), timed at
+three grains, each alternating the two methods so that the machine's drift falls on both:
+
+* ``step``: single steps, interleaved A B A B (the study's regime; SB inside its window);
+* ``epoch``: blocks of one epoch of consecutive steps (31), alternating A B B A ...;
+* ``run``: whole ``sbfunc.fit`` runs of the study (8 epochs, SB from 10% of training, as the
+  study runs them but without its evaluation pauses), alternating A B B A ...
+
+It prints each grain's median per-step (or per-run) times and the SB / plain ratio per pair:
+median [min-max]. A whole run's expected ratio is the step ratio weighted by the share of
+steps inside SB's window.
+
+Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` pairs per grain, default 6;
+``--quick``: a smoke run on the study's quick sizes).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # a shared machine: see compiled_step.py
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import sbfunc
+from sbfunc import random as sbrandom
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import time_to_accuracy as tta
+
+METHODS = ("plain", "rank_power")
+
+
+def trainers(cfg: tta.Config, d: tta.Data, init: tuple[dict, dict],
+             loss_fn: sbfunc.ModuleLoss) -> dict[str, tta.Trainer]:  # fmt: skip
+    table = tta.methods(cfg, loss_fn, loss_fn)
+    steps = cfg.epochs * (cfg.train // cfg.batch)
+    out = {}
+    for name in METHODS:
+        trainer = tta.build(cfg, [*table[name](), tta.Audit(cfg.train)], loss_fn, steps)
+        out[name] = tta.warm_up(trainer, init, d.x, d.y, cfg)
+    return out
+
+
+def alternate(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """``rounds`` pairs, the order flipped every round (A B, B A, ...)."""
+    names = list(fns)
+    out: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names if r % 2 == 0 else names[::-1]:
+            out[n].append(fns[n]())
+    return out
+
+
+def report(grain: str, unit: str, times: dict[str, list[float]], scale: float) -> None:
+    ratios = [s / p for s, p in zip(times["rank_power"], times["plain"], strict=True)]
+    parts = [f"{n} {statistics.median(v) * scale:.1f} {unit}" for n, v in times.items()]
+    print(f"{grain:6} {', '.join(parts)}; SB / plain {statistics.median(ratios):.2f} "
+          f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} pairs")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="pairs per grain (>= 1)")
+    parser.add_argument("--quick", action="store_true", help="the study's quick sizes")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    torch.set_num_threads(2)
+    cfg = tta.QUICK if args.quick else tta.FULL
+    d = tta.load_data(cfg)
+    torch.manual_seed(0)
+    model = tta.make_model(cfg.width)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    init = sbfunc.split_module(model, clone=True)
+    methods = trainers(cfg, d, init, loss_fn)
+    batches = list(sbfunc.datasets.batches(d.x, d.y, cfg.batch, key=sbrandom.key(9)))
+    states = {}
+    for name, trainer in methods.items():  # mid-run of a long run: inside SB's window
+        s = trainer.step.init(*init, key=sbrandom.key(0), total_steps=2**20)
+        states[name] = s._replace(time=s.time._replace(step=2**19, elapsed=0.5))
+    print(f"torch {torch.__version__}, sbfunc {sbfunc.__version__}, 2 threads, width "
+          f"{cfg.width}, batch {cfg.batch}, {len(batches)} steps per epoch")  # fmt: skip
+
+    def steps(name: str, count: int) -> Callable[[], float]:
+        def run() -> float:
+            t0 = time.perf_counter()
+            for i in range(count):
+                states[name] = methods[name].compiled(states[name], batches[i % len(batches)])[0]
+            return (time.perf_counter() - t0) / count
+
+        return run
+
+    def whole(name: str) -> Callable[[], float]:
+        def run() -> float:
+            state = methods[name].step.init(*init, key=sbrandom.key(5))
+            _, curve = tta.train(methods[name], state, d.x, d.y, cfg=cfg, epochs=cfg.epochs,
+                                 key=sbrandom.key(3))  # fmt: skip
+            return curve[-1][0]
+
+        return run
+
+    report("step", "ms", alternate({n: steps(n, 1) for n in METHODS}, 16 * args.rounds), 1e3)
+    report("epoch", "ms", alternate({n: steps(n, len(batches)) for n in METHODS}, args.rounds),
+           1e3)  # fmt: skip
+    report("run", "s", alternate({n: whole(n) for n in METHODS}, args.rounds), 1.0)
+    inside = 1.0 - cfg.start
+    print(f"a run's expected SB / plain from the step ratio r: {1 - inside:.2f} + {inside:.2f} r "
+          "(SB's window is the last 90% of the steps)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
