@@ -90,6 +90,8 @@ def check_loss_fn(loss_fn: T, name: str = "loss_fn") -> T:
     References:
         PyTorch ``torch.func.functional_call`` (why a loss is a function of the parameters).
     """
+    if torch.compiler.is_compiling():  # checked eagerly where it was given: nothing to trace
+        return loss_fn
     expected = f"{name} must be a per-sample loss function (params, buffers, batch) -> Tensor[N]"
     if isinstance(loss_fn, nn.Module):
         raise TypeError(f"{expected}, got the module {type(loss_fn).__name__}; {_PER_SAMPLE_FIX}")
