@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["drop_library_globals"]
+__all__ = ["compile_options", "drop_library_globals"]
 
 _LIBRARIES = ("sbfunc", "torch", "optree", "kornia")
 _IMPORT = re.compile(r"G\['__import_(\w+?)'\]")
@@ -70,3 +70,38 @@ def drop_library_globals(entries: Sequence[Any]) -> list[bool]:
         tensor([1., 1.])
     """
     return [not (e.is_global and library_global(e.name)) for e in entries]
+
+
+def compile_options(options: dict[str, Any], *, library_guards: bool) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments with :func:`drop_library_globals` as the
+    ``guard_filter_fn`` (unless ``library_guards`` or the caller set one).
+
+    The filter travels in inductor's ``options``, which ``torch.compile`` refuses together with
+    ``mode``: a ``mode`` alone becomes the options it stands for
+    (``torch._inductor.list_mode_options``, as ``torch.compile`` expands it), so
+    ``mode="reduce-overhead"`` still means CUDA graphs. With another backend and a ``mode``,
+    or with both ``mode`` and ``options``, the arguments pass unchanged (no filter).
+
+    Example:
+        >>> from sbfunc.step.compile_guards import compile_options
+        >>> opts = compile_options({"mode": "reduce-overhead"}, library_guards=False)
+        >>> sorted(opts["options"]), "mode" in opts
+        (['guard_filter_fn', 'triton.cudagraphs'], False)
+    """
+    if not isinstance(library_guards, bool):
+        raise TypeError(f"library_guards must be True or False, got {library_guards!r}")
+    opts = dict(options)
+    if library_guards:
+        return opts
+    mode = opts.get("mode")
+    if mode is not None:
+        if opts.get("options") is not None or opts.get("backend", "inductor") != "inductor":
+            return opts
+        from torch._inductor import list_mode_options
+
+        opts["options"] = dict(list_mode_options(mode, opts.get("dynamic")))
+        del opts["mode"]
+    inner = dict(opts.get("options") or {})
+    inner.setdefault("guard_filter_fn", drop_library_globals)
+    opts["options"] = inner
+    return opts

@@ -45,7 +45,7 @@ from sbfunc.engine.ordering import Pass
 from sbfunc.engine.run import advance_time, apply_planned, run_event, step_key
 from sbfunc.module import LossFn, Params
 from sbfunc.optim import GradientTransformation, apply_updates
-from sbfunc.step.compile_guards import drop_library_globals
+from sbfunc.step.compile_guards import compile_options
 from sbfunc.step.gradients import all_finite
 from sbfunc.step.guard import keep_finite, mask_corrupt_rows, raise_if_nonfinite
 from sbfunc.step.microbatch import Microbatching, accumulate
@@ -206,7 +206,10 @@ class TrainStep(nn.Module):
                 patch those modules between steps).
             **options: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
                 ``dynamic``, ``options``); a ``guard_filter_fn`` in ``options`` replaces
-                the default one.
+                the default one (see :func:`sbfunc.step.compile_guards.compile_options`).
+
+        Raises:
+            TypeError: if ``library_guards`` is not a bool.
 
         Example:
             >>> ce = torch.nn.functional.cross_entropy
@@ -222,10 +225,7 @@ class TrainStep(nn.Module):
         References:
             ``torch.nn.Module.compile``; ``jax.jit``.
         """
-        if not library_guards:
-            inductor = dict(options.get("options") or {})
-            inductor.setdefault("guard_filter_fn", drop_library_globals)
-            options = {**options, "options": inductor}
+        options = compile_options(options, library_guards=library_guards)
         self.compiled_core = torch.compile(self.core, **options)
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:

@@ -1,5 +1,6 @@
 """``step.compile()`` leaves out the guards on library globals and keeps every other one."""
 
+import pytest
 import torch
 import torch._dynamo
 import torch.nn.functional as F
@@ -9,7 +10,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import sbfunc
-from sbfunc.step.compile_guards import drop_library_globals, library_global
+from sbfunc.step.compile_guards import compile_options, drop_library_globals, library_global
 
 SCALE = 1.0  # read by the model below: a global of user code
 
@@ -103,3 +104,26 @@ def test_new_strings_do_not_recompile_a_compiled_step():
         assert metrics.samples_backpropagated == 2
         assert batch["text"][0] == f"step {i} row 0"
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_compile_options_keep_the_mode_and_the_callers_choices():
+    own = compile_options({"mode": "reduce-overhead", "fullgraph": True}, library_guards=False)
+    assert own == {
+        "fullgraph": True,
+        "options": {"triton.cudagraphs": True, "guard_filter_fn": drop_library_globals},
+    }
+    mine = compile_options({"options": {"guard_filter_fn": len}}, library_guards=False)
+    assert mine["options"]["guard_filter_fn"] is len
+    both = {"mode": "default", "options": {}}  # torch.compile refuses these together
+    assert compile_options(both, library_guards=False) == both
+    other = {"backend": "eager", "mode": "default"}
+    assert compile_options(other, library_guards=False) == other
+    assert compile_options({"mode": "default"}, library_guards=True) == {"mode": "default"}
+    with pytest.raises(TypeError, match="library_guards must be True or False, got 1"):
+        compile_options({}, library_guards=1)
+
+
+def test_a_mode_compiles():
+    step, state = _step_and_state()
+    step.compile(mode="reduce-overhead")  # CUDA graphs on a GPU; a plain graph on the CPU
+    assert step(state, BATCH)[0].time.step == 1
