@@ -63,11 +63,12 @@ def drop_library_globals(entries: Sequence[Any]) -> list[bool]:
     (see the module docs).
 
     Example:
+        >>> from types import SimpleNamespace as Entry  # torch's GuardFilterEntry has these
         >>> from sbfunc.step.compile_guards import drop_library_globals
-        >>> f = torch.compile(lambda x: torch.sin(x) + 1, backend="eager",
-        ...                   options={"guard_filter_fn": drop_library_globals})
-        >>> f(torch.zeros(2))
-        tensor([1., 1.])
+        >>> drop_library_globals([Entry(name="G['torch'].sin", is_global=True),
+        ...                       Entry(name="L['batch'][0]", is_global=False),
+        ...                       Entry(name="G['__import_my_model'].SCALE", is_global=True)])
+        [False, True, True]
     """
     return [not (e.is_global and library_global(e.name)) for e in entries]
 
