@@ -86,15 +86,19 @@ def sbfunc_algorithms(variant: str, model: nn.Module, classes: int) -> list[sbfu
 def sbfunc_runner(model: nn.Module, variant: str, classes: int, mode: str) -> Any:
     """``advance(batch)``: one sbfunc training step on its own state (built here); ``mode``:
     ``"eager"``, ``"compiled"`` (``torch.compile(step)``) or ``"compile()"``
-    (``step.compile()``: the host plan around the compiled core)."""
+    (``step.compile()``: the host plan around the compiled core), and two attribution modes:
+    ``"compile()+guards"`` (``step.compile(library_guards=True)``: what the guard filter
+    saves) and ``"compile()/allow"`` (``nonfinite="allow"``: what the non-finite guard
+    costs)."""
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     algorithms = sbfunc_algorithms(variant, model, classes)
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms)
+    nonfinite = "allow" if mode == "compile()/allow" else "skip"
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms, nonfinite=nonfinite)
     params, buffers = sbfunc.split_module(model, clone=True)
     state = [step.init(params, buffers, key=sbfunc.random.key(0))]
     call = torch.compile(step) if mode == "compiled" else step
-    if mode == "compile()":
-        step.compile()
+    if mode.startswith("compile()"):
+        step.compile(library_guards=mode == "compile()+guards")
 
     def advance(batch: Batch) -> None:
         state[0] = call(state[0], batch)[0]
@@ -205,11 +209,17 @@ ROWS: dict[str, tuple[str | None, float | None, float | None]] = {
     "sbfunc compile() plain": ("hand compiled plain", 1.25, None),
     "sbfunc compile() SB": ("hand compiled SB", 1.25, None),
     "sbfunc compile() SB+3": ("hand compiled SB", 1.5, None),
+    # attribution (zero model only): the guard filter's share, the non-finite guard's share
+    "sbfunc compile()+guards plain": ("hand compiled plain", None, None),
+    "sbfunc compile()+guards SB": ("hand compiled SB", None, None),
+    "sbfunc compile()/allow plain": ("hand compiled plain", None, None),
+    "sbfunc compile()/allow SB": ("hand compiled SB", None, None),
 }
+ATTRIBUTION = ("compile()+guards", "compile()/allow")
 
 
 def is_compiled(name: str) -> bool:
-    return " compiled " in name or " compile() " in name
+    return " compiled " in name or " compile()" in name
 
 
 def make_row(name: str, build: Callable[[], Any], classes: int) -> Any:
@@ -266,7 +276,9 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
     fns: dict[str, Callable[[], None]] = {}
     compile_s: dict[str, float] = {}
     breaks: dict[str, str] = {}
-    for name in ROWS:
+    rows = {n: v for n, v in ROWS.items()
+            if model_name == "zero" or n.split(" ")[1] not in ATTRIBUTION}  # fmt: skip
+    for name in rows:
         advance = make_row(name, build, classes)
         fns[name] = functools.partial(advance, data)
         if is_compiled(name):
@@ -291,11 +303,11 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
         ("vs hand", 9),
         ("[IQR]", 14),
     )
-    head = f"{'row':24}" + "".join(f"{c:>{w}}" for c, w in cols) + "  target"
+    head = f"{'row':30}" + "".join(f"{c:>{w}}" for c, w in cols) + "  target"
     print(head + "\n" + "-" * (len(head) + 22))
-    for name, (hand, t_hand, t_loop) in ROWS.items():
+    for name, (hand, t_hand, t_loop) in rows.items():
         lo, med, hi = quartiles([s * 1e6 for s in t[name]])
-        line = f"{name:24}{med:9.1f}{f'[{lo:.0f}-{hi:.0f}]':>16}"
+        line = f"{name:30}{med:9.1f}{f'[{lo:.0f}-{hi:.0f}]':>16}"
         verdicts = []
         for ref, target in ((ROOT_ROW, t_loop), (hand, t_hand)):
             if ref is None or ref == name:
@@ -312,7 +324,7 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
     print("compile s (first call minus a steady one; inductor's on-disk caches as found) and "
           "dynamo facts:")  # fmt: skip
     for name, s in compile_s.items():
-        print(f"  {name:24}{s:6.1f} s  {breaks[name]}")
+        print(f"  {name:30}{s:6.1f} s  {breaks[name]}")
 
 
 def profile_steps(out: Path, steps: int) -> None:

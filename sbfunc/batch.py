@@ -271,7 +271,9 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
     if per_sample is None and _flat_tensors(batch) >= 0:
         return batch
     found: list[bool] = []
-    device = _device(batch)
+    leaves: list[Any] = optree.tree_leaves(cast(Any, batch))
+    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    device = tensors[0].device if tensors else torch.device("cpu")
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
         if size is None or not _all_strings(leaf):
@@ -285,11 +287,6 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
 
 def _all_strings(leaf: Any) -> bool:
     return isinstance(leaf, list | tuple) and all(isinstance(v, str | bytes) for v in leaf)
-
-
-def _device(batch: Any) -> torch.device:
-    leaves = [x for x in optree.tree_leaves(batch) if isinstance(x, torch.Tensor)]
-    return leaves[0].device if leaves else torch.device("cpu")
 
 
 def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:

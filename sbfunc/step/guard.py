@@ -12,7 +12,7 @@ import torch
 
 from sbfunc.optim._finite import host_flag
 from sbfunc.rows import PerSample
-from sbfunc.step.gradients import keep_if_finite, tracing
+from sbfunc.step.gradients import keep_if_finite
 from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.records import Out
 from sbfunc.step.replicas import Replicas
@@ -51,8 +51,9 @@ def keep_finite(
     """
     if finite is None:
         return torch.ones((), dtype=torch.bool, device=device), new
-    if finite.device.type == "cpu" and not tracing():
-        return finite, new if bool(finite) else old
+    host = host_flag(finite)
+    if host is not None:  # eagerly on the CPU: branch instead of a torch.where per tensor
+        return finite, new if host else old
     return finite, keep_if_finite(finite, new, old)
 
 
