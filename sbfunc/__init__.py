@@ -104,7 +104,7 @@ from sbfunc.step import (
     weighted_mean,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 __all__ = [
     "BATCH_EVENTS",
@@ -199,3 +199,15 @@ __all__ = [
     "weighted_mean",
     "when",
 ]
+
+
+# The documented submodules outside __all__, listed by dir() once imported (sbfunc.testing
+# needs hypothesis, sbfunc.distributed is imported on demand)
+_NAMESPACES = frozenset(
+    {"batch", "distributed", "module", "module_checks", "module_eval", "module_io", "rows"}
+    | {"step", "testing"}
+)
+
+
+def __dir__() -> list[str]:  # dir(sbfunc): the API and the imported documented submodules
+    return sorted({*__all__, "__version__", *(n for n in _NAMESPACES if n in globals())})

@@ -396,3 +396,7 @@ def replace(batch: Batch, key: int | str, value: Any) -> Batch:
     if hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*items)
     return type(batch)(items)  # type: ignore[call-arg]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

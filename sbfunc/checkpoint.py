@@ -359,3 +359,7 @@ def _atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
                 os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -176,3 +176,7 @@ def batches(
     for i in range(0, stop, batch_size):
         ids = perm[i : i + batch_size]
         yield x[ids], y[ids], ids
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -196,7 +196,9 @@ def per_sample_loss(
     the logits (``output=0`` for a tuple).
 
     Args:
-        module: the model; its own tensors are used only for names missing from the dicts.
+        module: the model. The step, :func:`sbfunc.predict`, :func:`sbfunc.eval_outputs` and
+            the per-sample transforms check the dicts they are given against it (names and
+            shapes: :func:`sbfunc.module_checks.check_state`).
         criterion: ``criterion(logits, targets)``. An ``nn.Module`` loss must have
             ``reduction='none'``; a function that accepts ``reduction`` (such as
             ``torch.nn.functional.cross_entropy``) is called with ``reduction='none'``.
@@ -357,3 +359,7 @@ class ModuleLoss:
             f"ModuleLoss({type(self.module).__name__}, input={self.input!r}, "
             f"target={self.target!r}{out}, train={self.train!r})"
         )
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.func import functional_call
 
 from sbfunc.module import ModuleLoss, Params
+from sbfunc.module_checks import check_state
 from sbfunc.module_io import module_mode
 
 __all__ = ["EvalOutputs", "eval_outputs", "predict"]
@@ -44,14 +45,20 @@ def predict(
     evaluation only.
 
     Args:
-        module: the model (its own tensors are used only for names missing from the dicts).
-        params: parameter dict, e.g. ``state.params``.
+        module: the model.
+        params: parameter dict, e.g. ``state.params``: the module's names and shapes (dtypes
+            may differ; see :func:`sbfunc.module_checks.check_state` for what else is allowed).
         buffers: buffer dict, e.g. ``state.buffers``; never modified.
         *args: the module's positional arguments.
         **kwargs: the module's keyword arguments.
 
     Returns:
         What the module returns.
+
+    Raises:
+        ValueError: if ``params``/``buffers`` miss some of the module's names, have others or
+            other shapes (the parameters of another model), naming each; checked before the
+            module runs.
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
@@ -63,6 +70,7 @@ def predict(
     References:
         PyTorch ``torch.func.functional_call`` and ``nn.Module.eval``.
     """
+    check_state(module, params, buffers, name="module")
     with module_mode(module, False) as m:
         return functional_call(m, (params, _copies(buffers)), args, kwargs)
 
@@ -108,6 +116,8 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
     Raises:
         TypeError: if ``loss_fn`` is not a :class:`~sbfunc.ModuleLoss` (a hand-written loss
             function has no separate logits nor a mode to set).
+        ValueError: if ``params``/``buffers`` do not match ``loss_fn.module`` (names and
+            shapes, as for :func:`predict`).
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))
@@ -128,7 +138,12 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
             "loss_fn must be a ModuleLoss made by sbfunc.per_sample_loss(model, criterion), "
             f"got {type(loss_fn).__name__}; for a bare module use sbfunc.predict"
         )
+    check_state(loss_fn, params, buffers)
     if loss_fn.train not in (False, "auto"):
         loss_fn = loss_fn.with_train(False)
     outputs = loss_fn.forward(params, _copies(buffers), batch)
     return EvalOutputs(outputs, loss_fn.criterion(outputs, batch))
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -324,3 +324,7 @@ def mode_dependent(module: nn.Module) -> bool:
         PyTorch ``nn.Module.train`` / ``eval``.
     """
     return any(isinstance(m, _MODE_LAYERS) for m in module.modules())
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -397,3 +397,7 @@ def _match(x: Any, spec: Any, path: tuple[Any, ...]) -> Node:
             f"{len(parts[0])}"
         )
     return parts
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -2,15 +2,18 @@
 docs/how-to/failures.md ("Mistakes a new user makes")."""
 
 import functools
+import itertools
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
 from sbfunc.module import check_loss_fn
-from sbfunc.module_checks import check_target, target_kind
+from sbfunc.module_checks import check_state, check_target, target_kind
 from sbfunc.testing import linear_loss
 
 PER_SAMPLE_FIX = r"sbfunc\.per_sample_loss\(model, torch\.nn\.functional\.cross_entropy\)"
@@ -223,3 +226,134 @@ def test_target_check_holds_under_compile():
         torch.compile(loss_fn, backend="eager")(params, buffers, (x, torch.zeros(4)))
     with pytest.raises(Exception, match=r"\.long\(\)"):
         fullgraph(params, buffers, (x, torch.zeros(4)))
+
+
+# --- params and buffers against the module behind the loss ------------------------------------
+
+
+def _net(widths=(4, 3, 2)):
+    layers = []
+    for a, b in itertools.pairwise(widths):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        (  # another model's names
+            nn.ModuleDict({"fc": nn.Linear(4, 2)}),
+            r"^params do not match the module behind loss_fn \(Sequential\): missing "
+            r"\['0\.weight', '0\.bias', '2\.weight', '2\.bias'\], "
+            r"unexpected \['fc\.weight', 'fc\.bias'\]; .*sbfunc\.split_module",
+        ),
+        (  # same names, other shapes
+            _net((4, 3, 5)),
+            r"shape mismatch \{'2\.weight': \(5, 3\) given, \(2, 3\) expected, "
+            r"'2\.bias': \(5,\) given, \(2,\) expected\}",
+        ),
+        (_net((4, 3, 2, 2)), r"params do .*: unexpected \['4\.weight', '4\.bias'\];"),  # deeper
+        (nn.Sequential(nn.Linear(4, 3)), r"missing \['2\.weight', '2\.bias'\];"),  # shallower
+    ],
+    ids=["other_names", "other_shapes", "deeper", "shallower"],
+)
+def test_check_state_names_missing_unexpected_and_mismatched_entries(other, message):
+    loss_fn = sbfunc.per_sample_loss(_net(), F.cross_entropy)
+    with pytest.raises(ValueError, match=message):
+        check_state(loss_fn, *sbfunc.split_module(other))
+
+
+def test_check_state_truncates_long_lists_and_names_buffers():
+    loss_fn = sbfunc.per_sample_loss(_net(), F.cross_entropy)
+    wide = nn.Sequential(*[nn.Linear(2, 2) for _ in range(10)])
+    with pytest.raises(
+        ValueError, match=r"unexpected \[('\d\.(weight|bias)', ){6}\.\.\. 10 more\]"
+    ):
+        check_state(loss_fn, *sbfunc.split_module(wide))
+    bn = nn.BatchNorm1d(3)
+    params = dict(bn.named_parameters())
+    with pytest.raises(ValueError, match=r"^buffers do not match module \(BatchNorm1d\): missing"):
+        check_state(bn, params, {}, name="module")
+
+
+def _tied():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = nn.Embedding(5, 3), nn.Linear(3, 5, bias=False)
+            self.head.weight = self.embed.weight
+            self.register_buffer("ids", torch.arange(5), persistent=False)
+
+        def forward(self, x):
+            return self.head(self.embed(x + self.ids[0]).mean(1))
+
+    return Tied()
+
+
+def test_check_state_allows_dtypes_tied_names_frozen_params_and_derived_buffers():
+    model = _net()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    params, buffers = sbfunc.split_module(model)
+    check_state(loss_fn, {k: v.half() for k, v in params.items()}, buffers)  # mixed precision
+    frozen = {k: params.pop(k) for k in ("0.weight", "0.bias")}
+    check_state(loss_fn, params, frozen)  # a parameter held constant, passed as a buffer
+    tied = _tied()
+    tied_loss = sbfunc.per_sample_loss(tied, F.cross_entropy)
+    p, b = sbfunc.split_module(tied)
+    assert list(p) == ["embed.weight"] and list(b) == ["ids"]
+    check_state(tied_loss, p, b)
+    check_state(tied_loss, {"head.weight": p["embed.weight"]}, b)  # either name of a tied one
+    check_state(tied_loss, dict(tied.named_parameters(remove_duplicate=False)), b)  # both
+    check_state(tied_loss, p, {})  # a non-persistent buffer is not state (state_dict lacks it)
+    lazy = nn.Sequential(nn.LazyLinear(2))
+    check_state(lazy, {"0.weight": torch.zeros(2, 7), "0.bias": torch.zeros(2)}, {})
+
+
+def test_check_state_leaves_plain_losses_alone_and_checks_types():
+    for loss_fn in (linear_loss, lambda p, b, batch: batch[0].sum(1), _Callable()):
+        check_state(loss_fn, {"anything": torch.zeros(1)}, {"else": torch.zeros(2)})
+    loss_fn = sbfunc.per_sample_loss(_net(), F.cross_entropy)
+    params, buffers = sbfunc.split_module(_net())
+    with pytest.raises(TypeError, match=r"params\['0\.bias'\] must be a tensor, got 1"):
+        check_state(loss_fn, {**params, "0.bias": 1}, buffers)
+    with pytest.raises(TypeError, match="buffers must be a dict of name -> tensor"):
+        check_state(loss_fn, params, [])
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_check_state_reports_exactly_what_differs(data):
+    model = _net((3, 4, 4, 2))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    params, buffers = sbfunc.split_module(model)
+    names = list(params)
+    dropped = data.draw(st.lists(st.sampled_from(names), unique=True, max_size=3))
+    kept = [k for k in names if k not in dropped]
+    reshaped = data.draw(st.lists(st.sampled_from(kept), unique=True, max_size=2)) if kept else []
+    extra = data.draw(st.lists(st.sampled_from(["x.w", "y.b", "5.weight"]), unique=True))
+    given_params = {
+        k: torch.zeros(params[k].numel() + 1) if k in reshaped else params[k] for k in kept
+    }
+    given_params.update({k: torch.zeros(1) for k in extra})
+    if not (dropped or reshaped or extra):
+        check_state(loss_fn, given_params, buffers)
+        return
+    with pytest.raises(ValueError) as err:
+        check_state(loss_fn, given_params, buffers)
+    text = str(err.value)
+    assert all(f"{k!r}" in text for k in [*dropped, *reshaped, *extra])
+    assert all(f"{k!r}" not in text for k in kept if k not in reshaped)
+    assert ("missing" in text) == bool(dropped) and ("unexpected" in text) == bool(extra)
+    assert ("shape mismatch" in text) == bool(reshaped)
+
+
+def test_check_state_checks_nothing_while_compiling():
+    model = _net()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    params, buffers = sbfunc.split_module(model)
+
+    def f(p, b):
+        check_state(loss_fn, p, b)
+        return p["0.weight"].sum()
+
+    torch.compile(f, backend="eager", fullgraph=True)(params, buffers)  # no graph break

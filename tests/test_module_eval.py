@@ -127,3 +127,29 @@ def test_eval_outputs_reads_structured_batches_and_outputs():
 def test_eval_outputs_refuses_a_hand_written_loss():
     with pytest.raises(TypeError, match=r"ModuleLoss made by sbfunc\.per_sample_loss"):
         sbfunc.eval_outputs(lambda p, b, batch: batch[0].sum(1), {}, {}, (torch.ones(2, 2),))
+
+
+@pytest.mark.parametrize("which", ["predict", "eval_outputs"])
+def test_params_of_another_model_are_refused(which):
+    """Before: ``functional_call`` ignored the unknown names and returned the module's own
+    outputs; now the mismatch is named before the module runs."""
+    model = _model()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    batch = (torch.randn(4, 4, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
+
+    def run(params, buffers):
+        if which == "predict":
+            return sbfunc.predict(model, params, buffers, batch[0])
+        return sbfunc.eval_outputs(loss_fn, params, buffers, batch)
+
+    other = nn.ModuleDict({"fc": nn.Linear(4, 3)})
+    with pytest.raises(ValueError, match=r"missing \['0\.weight', .*unexpected \['fc\.weight'"):
+        run(*sbfunc.split_module(other))
+    params, buffers = sbfunc.split_module(model)
+    wide = {**params, "4.weight": torch.zeros(5, 8), "4.bias": torch.zeros(5)}
+    with pytest.raises(
+        ValueError, match=r"shape mismatch \{'4\.weight': \(5, 8\) given, \(3, 8\)"
+    ):
+        run(wide, buffers)
+    wide = {k: v.double() if v.is_floating_point() else v for k, v in buffers.items()}
+    assert run({k: v.double() for k, v in params.items()}, wide) is not None  # dtypes may differ

@@ -170,3 +170,7 @@ __all__ = [
     "warmup_sequence_length",
     "window_start",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -31,10 +31,12 @@ from sbfunc.policies import (
     enqueue,
     rank_power,
     score_needed,
+    unscorable_dropped,
 )
 from sbfunc.score import Scoring, check_downsampled_scoring, check_scale_factor, score_losses
 from sbfunc.score.options import check_scoring
 from sbfunc.select import check_keep
+from sbfunc.step.nonfinite import finite_rows
 
 __all__ = ["SelectiveBackprop"]
 
@@ -60,7 +62,11 @@ class SelectiveBackprop(Algorithm):
     a key split off its own key, prunes **every** per-sample leaf of the pytree batch
     (tensors, NumPy arrays, lists of strings; ``per_sample`` says which leaves those are), and
     sets ``state.sample_weights`` from the selection. The scoring forward counts in
-    ``time.samples_forwarded``.
+    ``time.samples_forwarded``. Rows it leaves out that could not be scored (a non-finite
+    score or input) count in ``state.rows_unscorable``, which the step adds to
+    ``rows_nonfinite`` (:func:`sbfunc.policies.unscorable_dropped`): every corrupt row counts
+    once, left out here or masked by the step's guard, and :func:`sbfunc.fit` warns as it does
+    without selection.
 
     The rows are chosen by one :class:`sbfunc.policies.Policy`: Composer's rank-power law
     with the fraction ``keep`` by default (:func:`sbfunc.policies.rank_power`), or ``policy``.
@@ -279,15 +285,8 @@ class SelectiveBackprop(Algorithm):
             self._fits.add(shape)
 
     def apply(self, event: Event, state: State) -> State:
-        epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step
-        policy_state, queue = (state.own, None) if self.refill is None else state.own
         if event == Event.AFTER_LOSS:  # the training forward's losses of the kept rows
-            assert self.policy.record is not None and self.ids is not None  # see __init__
-            if state.losses is None:
-                return state
-            ids = extract(state.batch, self.ids, "ids")
-            policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
-            return state.replace(own=policy_state if queue is None else (policy_state, queue))
+            return self._record(state)
         if self.loss_fn is None:
             raise ValueError(
                 f"{self.name} has no loss to score with: build the step with it "
@@ -296,40 +295,66 @@ class SelectiveBackprop(Algorithm):
             )
         if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
             self._check_fit(state, self.loss_fn)  # once per input shape, eagerly
-        batch, spec = state.batch, self.per_sample
+        return self._select(state, self.loss_fn)
+
+    def _record(self, state: State) -> State:
+        """Remember the training losses of the kept rows (``Policy.record``)."""
+        assert self.policy.record is not None and self.ids is not None  # see __init__
+        if state.losses is None:
+            return state
+        policy_state, queue = (state.own, None) if self.refill is None else state.own
+        ids = extract(state.batch, self.ids, "ids")
+        epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step
+        policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
+        return state.replace(own=policy_state if queue is None else (policy_state, queue))
+
+    def _scorer(self, state: State, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
         score: Callable[[Any], torch.Tensor] = partial(
             score_losses,
-            self.loss_fn,
+            loss_fn,
             state.params,
             state.buffers,
             scale_factor=self.scale_factor,
             input=self.scoring.input,
             dtype=self.scoring.dtype,
-            per_sample=spec,
+            per_sample=self.per_sample,
         )
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
-        elapsed: float | torch.Tensor = state.time.elapsed
+        return score
+
+    def _select(self, state: State, loss_fn: LossFn) -> State:
+        """Score, select, prune (and queue with ``refill``); count the unscorable rows left
+        out."""
+        epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step
+        policy_state, queue = (state.own, None) if self.refill is None else state.own
+        batch, spec = state.batch, self.per_sample
         ids = None if self.ids is None else extract(batch, self.ids, "ids")
         scores, scored, forwarded = score_needed(
-            self.policy, policy_state, batch, ids, epoch, score, per_sample=spec
-        )
+            self.policy, policy_state, batch, ids, epoch, self._scorer(state, loss_fn),
+            per_sample=spec,
+        )  # fmt: skip
         pruned = apply_policy(
             self.policy, policy_state, batch, scores, key=state.key, ids=self.ids, epoch=epoch,
-            elapsed=elapsed, scored=scored, per_sample=spec,
+            elapsed=state.time.elapsed, scored=scored, per_sample=spec,
         )  # fmt: skip
         batch, weights, own = pruned.batch, pruned.weights, pruned.state
+        trained = pruned.indices  # the rows of this batch that go on
         if queue is not None:
             if self.policy.prune is None:  # never queue a row the model cannot score
-                finite = scores.index_select(0, pruned.indices).isfinite()
-                batch = take(batch, finite.nonzero().reshape(-1), per_sample=spec)
+                rows = scores.index_select(0, trained).isfinite().nonzero().reshape(-1)
+                batch, trained = take(batch, rows, per_sample=spec), trained.index_select(0, rows)
             batch, queue = self._refill(queue, batch, weights)
             weights, own = None, (own, queue)
+        finite = finite_rows(state.batch, per_sample=spec)
+        dropped = unscorable_dropped(scores, scored, trained, finite=finite)
+        before = state.rows_unscorable
         return state.replace(
             batch=batch,
             sample_weights=weights,
             own=own,
             samples_scored=state.samples_scored + forwarded,
+            rows_unscorable=dropped if before is None else before + dropped,
         )
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:

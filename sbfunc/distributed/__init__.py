@@ -67,3 +67,7 @@ __all__ = [
     "unpack_rows",
     "with_rows",
 ]
+
+
+def __dir__() -> list[str]:  # dir(): the public API and the documented submodule, no internals
+    return sorted({*__all__, "mean"})

@@ -88,3 +88,7 @@ def mean_across_ranks(
     return _MeanAcrossRanks(
         name="mean_across_ranks", comm=comm, bucket_bytes=size
     ).transformation()
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -47,3 +47,7 @@ __all__ = [
     "unpack_result",
     "when",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -23,6 +23,7 @@ from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.engine.plan import Leaf, Planned, Planner, get_path, set_path
 from sbfunc.engine.state import State, TrainState
 from sbfunc.engine.trace import Trace, unpack_result
+from sbfunc.engine.writes import OUTSIDE_STEP, Writable, check_writes
 
 __all__ = ["Carry", "advance_time", "apply_planned", "leaf_key", "run_event", "step_key"]
 
@@ -68,7 +69,13 @@ def leaf_key(base: torch.Tensor, leaf: Leaf, event: Event) -> torch.Tensor:
 
 
 def apply_planned(
-    event: Event, planned: Planned, carry: Carry, leaves: Sequence[Leaf], root: torch.Tensor
+    event: Event,
+    planned: Planned,
+    carry: Carry,
+    leaves: Sequence[Leaf],
+    root: torch.Tensor,
+    *,
+    writes: Writable | None = None,
 ) -> Carry:
     """Apply the planned leaves of ``event`` to ``carry``, in order (tensor work).
 
@@ -77,8 +84,13 @@ def apply_planned(
     ``None`` when it declares ``uses_key = False``). What it returns is the next context; its
     ``own`` and ``scratch`` go back to their slots, and a :class:`Trace` is appended.
 
+    Args:
+        writes: the fields an algorithm may change on ``event``
+            (:mod:`sbfunc.engine.writes`); ``None``: no check.
+
     Raises:
         TypeError: if an ``apply`` returns neither a ``State`` nor ``(State, exit_code)``.
+        ValueError: if an ``apply`` changes a field that ``writes`` says nothing reads.
     """
     context, states, scratch, traces, base = carry
     scratch_list = list(scratch)
@@ -94,6 +106,8 @@ def apply_planned(
             key=key, own=get_path(states, leaf.path), scratch=scratch_list[i], matched=decision
         )
         context, code = unpack_result(alg.apply(event, view), alg)
+        if writes is not None:
+            check_writes(event, view, context, leaf.label, writes)
         states = set_path(states, leaf.path, context.own)
         scratch_list[i] = context.scratch
         traces = (*traces, Trace(leaf.label, event, order, code))
@@ -129,7 +143,9 @@ def run_event(
 
     Raises:
         TypeError: if ``event`` is not an :class:`Event`.
-        ValueError: if ``state.algorithm_state`` does not have one entry per algorithm.
+        ValueError: if ``state.algorithm_state`` does not have one entry per algorithm, or an
+            algorithm changes a field that is not kept outside a step (``batch``, ``loss``,
+            ...: :mod:`sbfunc.engine.writes`).
 
     Example:
         >>> from sbfunc.engine import Event, TrainState, run_event
@@ -164,7 +180,7 @@ def run_event(
         state.time.as_tensors(state.key.device),
     )
     carry = Carry.start(state, context, len(planner.leaves))
-    carry = apply_planned(event, planned, carry, planner.leaves, state.key)
+    carry = apply_planned(event, planned, carry, planner.leaves, state.key, writes=OUTSIDE_STEP)
     out = carry.context
     new = TrainState(
         out.params, out.buffers, state.key, out.opt_state, carry.algorithm_state, state.time

@@ -49,7 +49,8 @@ class Time(NamedTuple):
             :func:`sbfunc.fit`); ``None`` while unknown. Algorithms that decide from
             ``elapsed`` (``uses_elapsed``) refuse to run without it.
         rows_nonfinite: a 0-d ``int64`` tensor: training rows left out of updates because
-            their input or loss was not finite (``None`` only in a hand-made ``Time``).
+            their input or loss was not finite, selection's unscorable rows included
+            (``State.rows_unscorable``; ``None`` only in a hand-made ``Time``).
 
     Example:
         >>> sbfunc.Time(step=3, total_steps=6)._replace(step=4).step
@@ -182,13 +183,23 @@ class State(NamedTuple):
             their parts' decisions and read them back here).
         batch: the current batch (any pytree).
         outputs: the model outputs of the current batch (``AFTER_FORWARD`` on).
-        loss: the training loss, a 0-d tensor (``AFTER_LOSS`` on).
-        losses: the per-sample training losses of the rows of ``batch``, detached
-            (``AFTER_LOSS`` on).
+        loss: the training loss, a 0-d tensor (``AFTER_LOSS`` on). On ``AFTER_LOSS`` and
+            ``BEFORE_BACKWARD`` it still carries its autograd history, and a new value set
+            there is what is backpropagated.
+        losses: the per-sample training losses of the rows of ``batch`` (``AFTER_LOSS`` on;
+            differentiable on ``AFTER_LOSS``/``BEFORE_BACKWARD``, detached after: new values
+            set there are averaged and backpropagated).
         grads: the gradients of ``loss`` by parameter name (``AFTER_BACKWARD``; an algorithm
             that changes them there changes the update).
-        sample_weights: per-sample loss weights set by selection policies, or ``None``.
+        sample_weights: per-sample loss weights set by selection policies, or ``None``
+            (a change takes effect up to ``BEFORE_BACKWARD``).
+
+    Which event may change which field: :mod:`sbfunc.engine.writes`.
         samples_scored: rows forwarded by scoring passes during this step.
+        rows_unscorable: rows a selection left out during this step that could not be
+            scored (a non-finite score or input), a 0-d ``int64`` tensor on the device;
+            ``None`` while no selection ran. The step adds it to ``rows_nonfinite``
+            (:class:`sbfunc.StepMetrics`, :class:`Time`).
 
     Example:
         >>> s = sbfunc.State(sbfunc.random.key(0), batch=(torch.zeros(2, 3),))
@@ -214,6 +225,7 @@ class State(NamedTuple):
     grads: Params | None = None
     sample_weights: torch.Tensor | None = None
     samples_scored: int = 0
+    rows_unscorable: torch.Tensor | None = None
 
     def replace(self, **changes: Any) -> State:
         """A new state with ``changes`` applied; raises ``TypeError`` naming an unknown field.

@@ -23,6 +23,7 @@ so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updat
 from sbfunc.optim._accumulate import MultiStepsState, multi_steps
 from sbfunc.optim._adam import adam, adamw, decoupled_adamw
 from sbfunc.optim._base import EmptyState, GradientTransformation, apply_updates, chain
+from sbfunc.optim._clip import ClipFormula, clip_by_global_norm
 from sbfunc.optim._finite import ApplyIfFiniteState, all_finite, apply_if_finite, keep_if_finite
 from sbfunc.optim._join import join_schedules, warmup_cosine_decay_schedule
 from sbfunc.optim._moments import ScaleByAdamState, TraceState, scale_by_adam, trace
@@ -38,7 +39,6 @@ from sbfunc.optim._sgd import decoupled_sgdw, sgd
 from sbfunc.optim._transforms import (
     ScaleByScheduleState,
     add_decayed_weights,
-    clip_by_global_norm,
     decoupled_weight_decay,
     scale,
     scale_by_learning_rate,
@@ -49,6 +49,7 @@ Optimizer = GradientTransformation
 
 __all__ = [
     "ApplyIfFiniteState",
+    "ClipFormula",
     "EmptyState",
     "GradientTransformation",
     "MultiStepsState",
@@ -83,3 +84,7 @@ __all__ = [
     "trace",
     "warmup_cosine_decay_schedule",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc.module import Params
-from sbfunc.optim._base import GradientTransformation, Transform, by_group, zero_count
+from sbfunc.optim._base import GradientTransformation, Transform, by_group, cast_like, zero_count
 from sbfunc.optim._finite import host_flag, keep_if_finite, negative_zeros
 from sbfunc.validation import check_bool, check_int
 
@@ -55,6 +55,7 @@ class _MultiSteps(Transform):
     def update(
         self, updates: Params, state: MultiStepsState, params: Params | None = None
     ) -> tuple[Params, MultiStepsState]:
+        updates = cast_like(updates, state.acc_grads)  # accumulated in the parameters' dtype
         acc = by_group(lambda a, g: (list(torch._foreach_add(a, g)),), state.acc_grads, updates)[0]
         emit = state.mini_step == self.every_k - 1
         host = host_flag(emit)

@@ -25,7 +25,7 @@ def _check_adam(
 ) -> dict[str, Any]:
     checked = check_adam(b1, b2, eps, amsgrad)
     return {
-        "lr": check_real_or_schedule(lr, "lr", open_low=True),
+        "lr": check_real_or_schedule(lr, "lr"),
         "b1": checked["b1"],
         "b2": checked["b2"],
         "eps": checked["eps"],
@@ -80,11 +80,16 @@ def adam(
     are 0-d float64 tensors computed from ``count`` (no host sync, no recompilation), each
     quantity is one foreach kernel over all parameters, and the inputs are never modified.
     The state and ``apply_updates(params, updates)`` equal torch's bit for bit (torch's last
-    operation, ``addcdiv_``, divides, then adds the parameter).
+    operation, ``addcdiv_``, divides, then adds the parameter), complex parameters included:
+    as torch, the moments run on their real and imaginary parts (``torch.view_as_real``), so
+    ``v`` averages ``|g|**2`` part by part. Gradients of another dtype than the parameters
+    (bfloat16 gradients of float32 parameters, or the reverse) are cast to the parameters'
+    dtype, in which the state is kept and the updates come out.
 
     Args:
-        lr: the learning rate, ``> 0``, or a schedule (``count -> 0-d tensor``, evaluated
-            inside ``update`` on the steps taken so far, like ``torch.optim.lr_scheduler``).
+        lr: the learning rate, ``>= 0`` (as torch.optim and optax: 0 updates by zeros), or a
+            schedule (``count -> 0-d tensor``, evaluated inside ``update`` on the steps taken
+            so far, like ``torch.optim.lr_scheduler``).
         b1: the decay of the first-moment average, in ``[0, 1)``.
         b2: the decay of the second-moment average, in ``[0, 1)``.
         eps: added to the denominator, ``>= 0``.

@@ -20,6 +20,7 @@ __all__ = [
     "Transform",
     "apply_updates",
     "by_group",
+    "cast_like",
     "chain",
     "check_grads",
     "is_zero",
@@ -188,6 +189,8 @@ class _Named(_Chain):
         self, updates: Params, state: Any, params: Params | None = None
     ) -> tuple[Params, Any]:
         check_grads(updates, params)
+        if params is not None:  # gradients of another dtype: computed in the parameters'
+            updates = cast_like(updates, params)
         if len(self.parts) == 1:
             return self.parts[0].update(updates, state, params)
         return super().update(updates, state, params)
@@ -226,6 +229,14 @@ def apply_updates(params: Params, updates: Params) -> Params:
         return (list(torch._foreach_add(p, u)),)
 
     return by_group(add, params, updates)[0]
+
+
+def cast_like(updates: Params, like: Params) -> Params:
+    """``updates`` with each tensor cast to the dtype of ``like``'s tensor under its key (the
+    same tensor where the dtypes already agree): gradients of another dtype than the
+    parameters (bfloat16 gradients of float32 parameters, or the reverse) are computed in the
+    dtype of the state and the parameters. A cast, never a host sync."""
+    return {k: u if u.dtype == like[k].dtype else u.to(like[k].dtype) for k, u in updates.items()}
 
 
 def zero_count(params: Params) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from sbfunc.module import Params
-from sbfunc.optim._base import GradientTransformation, Transform, readable, zero_count
+from sbfunc.optim._base import GradientTransformation, Transform, cast_like, readable, zero_count
 from sbfunc.validation import check_int
 
 __all__ = [
@@ -36,7 +36,7 @@ def all_finite(
     on a contiguous copy). About 10x cheaper on the CPU than a max-norm per tensor.
 
     Args:
-        tensors: floating-point tensors, on any devices.
+        tensors: floating-point or complex tensors, on any devices.
         finite: a 0-d bool tensor to combine with (the result lives on its device).
 
     Returns:
@@ -55,6 +55,8 @@ def all_finite(
     for t in tensors:
         if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape, strict=True)):
             t = t.contiguous()  # the kernel writes each tensor: no two elements may alias
+        if t.is_complex():  # (the kernel has no complex version: the parts, as torch.optim)
+            t = torch.view_as_real(t)
         by_device.setdefault(t.device, []).append(t)
     for device, group in by_device.items():
         found = torch.zeros((), device=device)
@@ -156,8 +158,10 @@ class _ApplyIfFinite(Transform):
             count, finite, state.total_notfinite + notfinite, state.inner_state
         )
         host = host_flag(apply)
-        if host is False:  # eagerly on the CPU: skip the inner update altogether
-            return negative_zeros(updates), new_state
+        if host is False:  # eagerly on the CPU: skip the inner update altogether (its updates
+            # would come in the parameters' dtype)
+            like = updates if params is None else cast_like(updates, params)
+            return negative_zeros(like), new_state
         out, inner = self.inner.update(updates, state.inner_state, params)
         if host is None:
             out = {k: torch.where(apply, u, -0.0) for k, u in out.items()}

@@ -4,6 +4,7 @@ and second moments (:func:`scale_by_adam`), on torch.optim's foreach kernels and
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -14,6 +15,7 @@ from sbfunc.optim._base import (
     Scalar,
     Transform,
     by_group,
+    cast_like,
     on,
     readable,
     zero_count,
@@ -23,7 +25,14 @@ from sbfunc.optim._schedules import value_at
 from sbfunc.optim._transforms import HParam
 from sbfunc.validation import check_bool, check_real
 
-__all__ = ["ScaleByAdamState", "TraceState", "check_momentum", "scale_by_adam", "trace"]
+__all__ = [
+    "ScaleByAdamState",
+    "TraceState",
+    "check_momentum",
+    "on_real_views",
+    "scale_by_adam",
+    "trace",
+]
 
 _F64 = torch.float64
 
@@ -61,6 +70,7 @@ class _Trace(Transform):
     def update(
         self, updates: Params, state: TraceState, params: Params | None = None
     ) -> tuple[Params, TraceState]:
+        updates = cast_like(updates, state.momentum_buffer)  # computed in the buffers' dtype
         first = None
         if self.dampening != 0:  # 1.0 at the first step, where torch copies the gradient
             first = (state.count == 0).to(_F64)
@@ -103,7 +113,7 @@ def trace(
 
     ``b = g`` at the first update, then ``b = momentum * b + (1 - dampening) * g``; the update
     is ``g + momentum * b`` (Nesterov) or ``b``. With ``dampening=0`` this is optax's
-    ``trace``.
+    ``trace``. Gradients of another dtype are cast to the buffers' (the parameters') dtype.
 
     Args:
         momentum: the momentum factor, ``>= 0``.
@@ -133,6 +143,24 @@ def trace(
     """
     args = check_momentum(momentum, dampening, nesterov)
     return _Trace(name="trace", **args).transformation()  # type: ignore[arg-type]
+
+
+Lists = list[torch.Tensor]
+
+
+def on_real_views(fn: Callable[..., tuple[Lists, ...]]) -> Callable[..., tuple[Lists, ...]]:
+    """``fn`` on lists of one dtype; complex tensors go in as real ``(..., 2)`` views and come
+    out viewed as complex again: ``torch.optim.Adam``'s ``view_as_real``, so the second moment
+    adds ``re**2`` and ``im**2`` (``|g|**2`` in all), not the complex ``g * g``, and AMSGrad's
+    maximum (no complex kernel) runs on the parts."""
+
+    def run(*lists: Lists) -> tuple[Lists, ...]:
+        if not lists[0] or not lists[0][0].is_complex():
+            return fn(*lists)
+        outs = fn(*([torch.view_as_real(t) for t in ts] for ts in lists))
+        return tuple([torch.view_as_complex(t) for t in ts] for ts in outs)
+
+    return run
 
 
 class ScaleByAdamState(NamedTuple):
@@ -181,36 +209,32 @@ class _ScaleByAdam(Transform):
             zero_count(params), zeros(), zeros(), zeros() if self.amsgrad else {}
         )
 
+    def scalars(self, count: torch.Tensor) -> tuple[Scalar, Scalar]:
+        """``(step, sqrt(1 - b2**t))`` of update ``t = count + 1``: ``step`` is
+        ``1 / (1 - b1**t)``, or ``-lr_t / (1 - b1**t)`` with a learning rate."""
+        lr = self.learning_rate
+        if readable(count) and not callable(lr):
+            # eagerly on the CPU, torch.optim's own arithmetic: Python floats from the count
+            t = int(count) + 1
+            bc1 = 1 - self.b1**t
+            return (1 / bc1 if lr is None else (lr / bc1) * -1), (1 - self.b2**t) ** 0.5
+        # the same in 0-d float64 tensors: no host sync, no recompilation
+        t64 = (count + 1).to(_F64)
+        bc1_t = 1 - torch.pow(self.b1, t64)
+        bc2_sqrt = (1 - torch.pow(self.b2, t64)).sqrt()
+        if lr is None:
+            return bc1_t.reciprocal(), bc2_sqrt
+        lr_t = value_at(lr, count) if callable(lr) else torch.full_like(bc1_t, lr)
+        return (lr_t / bc1_t).neg(), bc2_sqrt
+
     def update(
         self, updates: Params, state: ScaleByAdamState, params: Params | None = None
     ) -> tuple[Params, ScaleByAdamState]:
-        count = state.count
-        next_count = count + 1
-        lr = self.learning_rate
-        step: Scalar
-        bc2_sqrt: Scalar
-        if readable(count) and not callable(lr):
-            # eagerly on the CPU, torch.optim's own arithmetic: Python floats from the count
-            t = int(next_count)
-            bc1 = 1 - self.b1**t
-            bc2_sqrt = (1 - self.b2**t) ** 0.5
-            step = 1 / bc1 if lr is None else (lr / bc1) * -1
-        else:  # the same in 0-d float64 tensors: no host sync, no recompilation
-            t64 = next_count.to(_F64)
-            bc1_t = 1 - torch.pow(self.b1, t64)
-            bc2_sqrt = (1 - torch.pow(self.b2, t64)).sqrt()
-            if lr is None:
-                step = bc1_t.reciprocal()
-            else:
-                lr_t = value_at(lr, count) if callable(lr) else torch.full_like(bc1_t, lr)
-                step = (lr_t / bc1_t).neg()
+        updates = cast_like(updates, state.exp_avg)  # computed in the moments' dtype
+        step, bc2_sqrt = self.scalars(state.count)
 
-        def moments(
-            g: list[torch.Tensor],
-            m: list[torch.Tensor],
-            v: list[torch.Tensor],
-            v_max: list[torch.Tensor],
-        ) -> tuple[list[torch.Tensor], ...]:
+        @on_real_views
+        def moments(g: Lists, m: Lists, v: Lists, v_max: Lists) -> tuple[Lists, ...]:
             if self.lerp:
                 m = list(torch._foreach_lerp(m, g, 1 - self.b1))
             else:
@@ -237,7 +261,7 @@ class _ScaleByAdam(Transform):
             state.max_exp_avg_sq if self.amsgrad else state.exp_avg_sq,  # (unused without)
             outputs=4,
         )
-        return out, ScaleByAdamState(next_count, m, v, v_max if self.amsgrad else {})
+        return out, ScaleByAdamState(state.count + 1, m, v, v_max if self.amsgrad else {})
 
 
 def check_adam(b1: object, b2: object, eps: object, amsgrad: object) -> dict[str, object]:
@@ -266,14 +290,17 @@ def scale_by_adam(
     ``s = -lr_t`` when ``learning_rate`` is given: the learning rate then enters before the
     division, in torch's rounding order, so ``params + update`` equals torch's
     ``addcdiv_`` bit for bit (a separate :func:`scale_by_learning_rate` would round once more).
-    The bias corrections are 0-d float64 tensors computed from ``count``.
+    The bias corrections are 0-d float64 tensors computed from ``count``. Complex tensors are
+    viewed as real pairs (torch's ``view_as_real``): ``g**2`` is taken part by part, so the
+    step scales with ``|g|``; gradients of another dtype are cast to the moments' (the
+    parameters') dtype.
 
     Args:
         b1: the decay of the first-moment average, in ``[0, 1)``.
         b2: the decay of the second-moment average, in ``[0, 1)``.
         eps: added to the denominator, ``>= 0``.
         amsgrad: use the running maximum of the second moment (AMSGrad).
-        learning_rate: ``None`` (no learning rate, no negation), or ``> 0`` or a schedule:
+        learning_rate: ``None`` (no learning rate, no negation), or ``>= 0`` or a schedule:
             the update is then the descent step itself.
 
     Returns:
@@ -297,5 +324,5 @@ def scale_by_adam(
     args = check_adam(b1, b2, eps, amsgrad)
     lr = None
     if learning_rate is not None:
-        lr = check_real_or_schedule(learning_rate, "learning_rate", open_low=True)
+        lr = check_real_or_schedule(learning_rate, "learning_rate")
     return _ScaleByAdam(name="scale_by_adam", learning_rate=lr, **args).transformation()  # type: ignore[arg-type]

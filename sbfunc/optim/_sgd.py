@@ -25,7 +25,7 @@ def _check_sgd(
     lr: Any, momentum: Any, dampening: Any, nesterov: Any, weight_decay: Any, maximize: Any
 ) -> dict[str, Any]:
     return {
-        "lr": check_real_or_schedule(lr, "lr", open_low=True),
+        "lr": check_real_or_schedule(lr, "lr"),
         **check_momentum(momentum, dampening, nesterov),
         "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
         "maximize": check_bool(maximize, "maximize"),
@@ -63,11 +63,13 @@ def sgd(
     modified. The momentum buffers follow torch's bit for bit; ``apply_updates(p, -lr * g)``
     rounds twice where torch's fused ``p.add_(g, alpha=-lr)`` rounds once (as torch's own
     compiled path, which also multiplies first), so the parameters differ by about 1 ulp per
-    step.
+    step. Gradients of another dtype than the parameters are cast to the parameters' dtype
+    (that of the momentum buffers and of the updates).
 
     Args:
-        lr: the learning rate, ``> 0``, or a schedule (``count -> 0-d tensor``, evaluated
-            inside ``update`` on the steps taken so far, like ``torch.optim.lr_scheduler``).
+        lr: the learning rate, ``>= 0`` (as torch.optim and optax: 0 updates by zeros), or a
+            schedule (``count -> 0-d tensor``, evaluated inside ``update`` on the steps taken
+            so far, like ``torch.optim.lr_scheduler``).
         momentum: the momentum factor, ``>= 0``.
         dampening: the dampening of the momentum, in ``[0, 1]``.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
@@ -127,7 +129,7 @@ def decoupled_sgdw(
     ``weight_decay=w`` decays like ``weight_decay=lr * w`` here).
 
     Args:
-        lr: the learning rate, ``> 0``, or a schedule.
+        lr: the learning rate, ``>= 0``, or a schedule (0 needs ``initial_lr``).
         momentum: the momentum factor, ``>= 0``.
         dampening: the dampening of the momentum, in ``[0, 1]``.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).

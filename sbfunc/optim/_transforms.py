@@ -1,5 +1,6 @@
 """The stateless gradient transformations (up to a step count for schedules): scaling, the
-learning rate, weight decay coupled and decoupled, and clipping by the global norm."""
+learning rate, and weight decay coupled and decoupled (clipping by the global norm:
+:mod:`sbfunc.optim._clip`)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ from sbfunc.validation import check_bool, check_real
 __all__ = [
     "HParam",
     "ScaleByScheduleState",
+    "Stateless",
     "add_decayed_weights",
     "check_initial_lr",
-    "clip_by_global_norm",
     "decoupled_weight_decay",
     "scale",
     "scale_by_learning_rate",
+    "times",
 ]
 
 HParam = float | Callable[[Any], torch.Tensor]
@@ -72,7 +74,7 @@ def _next(state: Any) -> Any:
     )
 
 
-def _times(xs: list[torch.Tensor], factor: Scalar) -> list[torch.Tensor]:
+def times(xs: list[torch.Tensor], factor: Scalar) -> list[torch.Tensor]:
     """``factor * x`` for every tensor (a tensor factor cast to their dtype first)."""
     return list(torch._foreach_mul(xs, on(factor, xs[0]))) if xs else []  # type: ignore[arg-type]
 
@@ -82,13 +84,13 @@ def _plus(x: list[torch.Tensor], y: list[torch.Tensor], alpha: Scalar) -> list[t
     a multiply then an add for a tensor one (torch.optim's compiled path)."""
     if not isinstance(alpha, torch.Tensor):
         return list(torch._foreach_add(x, y, alpha=alpha))
-    scaled = _times(y, alpha)
+    scaled = times(y, alpha)
     torch._foreach_add_(scaled, x)
     return scaled
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _Stateless(Transform):
+class Stateless(Transform):
     """A transformation without state: ``update`` is :meth:`apply` of the updates alone."""
 
     def init(self, params: Params) -> EmptyState:
@@ -104,11 +106,11 @@ class _Stateless(Transform):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _Scale(_Stateless):
+class _Scale(Stateless):
     step_size: float
 
     def apply(self, updates: Params) -> Params:
-        return by_group(lambda u: (_times(u, self.step_size),), updates)[0]
+        return by_group(lambda u: (times(u, self.step_size),), updates)[0]
 
 
 def scale(step_size: float) -> GradientTransformation:
@@ -153,7 +155,7 @@ class _ScaleByLearningRate(Transform):
             factor: Scalar = value.neg() if self.flip_sign else value
         else:
             factor = -lr if self.flip_sign else lr
-        return by_group(lambda u: (_times(u, factor),), updates)[0], _next(state)
+        return by_group(lambda u: (times(u, factor),), updates)[0], _next(state)
 
 
 def scale_by_learning_rate(
@@ -165,7 +167,7 @@ def scale_by_learning_rate(
     transformation's step count (a tensor: no host sync, no recompilation).
 
     Args:
-        learning_rate: ``> 0``, or a schedule (``count -> 0-d tensor``).
+        learning_rate: ``>= 0``, or a schedule (``count -> 0-d tensor``).
         flip_sign: negate (gradient descent); ``False`` scales by ``+lr``.
 
     Returns:
@@ -174,7 +176,7 @@ def scale_by_learning_rate(
 
     Raises:
         TypeError: if ``learning_rate`` is neither a float nor a callable.
-        ValueError: if a float ``learning_rate`` is not ``> 0``.
+        ValueError: if a float ``learning_rate`` is negative.
 
     Example:
         >>> from sbfunc import optim
@@ -185,7 +187,7 @@ def scale_by_learning_rate(
     References:
         DeepMind optax ``scale_by_learning_rate``.
     """
-    lr = check_real_or_schedule(learning_rate, "learning_rate", open_low=True)
+    lr = check_real_or_schedule(learning_rate, "learning_rate")
     flip = check_bool(flip_sign, "flip_sign")
     return _ScaleByLearningRate(
         name="scale_by_learning_rate", learning_rate=lr, flip_sign=flip
@@ -259,7 +261,7 @@ class _DecoupledWeightDecay(Transform):
         def decay(u: list[torch.Tensor], x: list[torch.Tensor]) -> tuple[list[torch.Tensor]]:
             # factor * p - p is exact (Sterbenz) for factor in [1/2, 2], so p + out rounds
             # only where torch's (factor * p) + u does
-            out = _times(x, factor)
+            out = times(x, factor)
             torch._foreach_sub_(out, x)
             torch._foreach_add_(out, u)
             return (out,)
@@ -281,7 +283,7 @@ def decoupled_weight_decay(
 
     Args:
         weight_decay: ``>= 0``, or a schedule.
-        learning_rate: ``> 0``, or a schedule (the optimizer's learning rate).
+        learning_rate: ``>= 0``, or a schedule (the optimizer's learning rate).
         initial_lr: the reference learning rate, ``> 0``.
 
     Returns:
@@ -305,7 +307,7 @@ def decoupled_weight_decay(
     return _DecoupledWeightDecay(
         name="decoupled_weight_decay",
         weight_decay=check_real_or_schedule(weight_decay, "weight_decay"),
-        learning_rate=check_real_or_schedule(learning_rate, "learning_rate", open_low=True),
+        learning_rate=check_real_or_schedule(learning_rate, "learning_rate"),
         initial_lr=check_real(initial_lr, "initial_lr", low=0.0, open_low=True),
     ).transformation()
 
@@ -313,61 +315,19 @@ def decoupled_weight_decay(
 def check_initial_lr(initial_lr: float | None, lr: HParam) -> float:
     """The reference learning rate of Composer's decoupled weight decay: ``initial_lr`` when
     given (``> 0``), else a float ``lr`` itself, else the schedule's value at step 0, which must
-    then be ``> 0`` (a warm-up from 0 needs an explicit ``initial_lr``, such as its peak)."""
+    then be ``> 0`` (a zero ``lr`` or a warm-up from 0 needs an explicit ``initial_lr``, such as
+    the peak; Composer would then decay by the full ``weight_decay`` at every step)."""
     if initial_lr is not None:
         return check_real(initial_lr, "initial_lr", low=0.0, open_low=True)
-    if not callable(lr):
-        return lr
-    first = float(value_at(lr, torch.zeros((), dtype=torch.int64)))  # once, at construction
+    if callable(lr):
+        first = float(value_at(lr, torch.zeros((), dtype=torch.int64)))  # once, at construction
+        what = f"the lr schedule is {first!r} at step 0"
+    else:
+        first, what = lr, f"lr is {lr!r}"
     if not first > 0:
         raise ValueError(
-            f"initial_lr is needed: the lr schedule is {first!r} at step 0, and the decoupled "
-            "weight decay scales by lr / initial_lr; pass initial_lr > 0 (Composer's base "
-            "learning rate, e.g. the schedule's peak)"
+            f"initial_lr is needed: {what}, and the decoupled weight decay scales by "
+            "lr / initial_lr; pass initial_lr > 0 (Composer's base learning rate, e.g. the "
+            "schedule's peak)"
         )
     return first
-
-
-@dataclasses.dataclass(frozen=True, repr=False)
-class _ClipByGlobalNorm(_Stateless):
-    max_norm: float
-
-    def apply(self, updates: Params) -> Params:
-        if not updates:
-            return {}
-        norms = by_group(lambda u: (list(torch._foreach_norm(u)),), updates)[0]
-        first = next(iter(norms.values())).device
-        total = torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms.values()]))
-        coef = (self.max_norm / (total + 1e-6)).clamp(max=1.0)
-        return by_group(lambda u: (_times(u, coef),), updates)[0]
-
-
-def clip_by_global_norm(max_norm: float) -> GradientTransformation:
-    """Scale the updates down so that their global norm is at most ``max_norm``.
-
-    ``u -> u * min(1, max_norm / (||u|| + 1e-6))`` with ``||u||`` the 2-norm of all the updates
-    together (``torch.nn.utils.clip_grad_norm_``'s formula: foreach norms, no host sync). A
-    non-finite norm makes the updates non-finite (wrap the chain in :func:`apply_if_finite`).
-
-    Args:
-        max_norm: the largest global norm, ``> 0``.
-
-    Returns:
-        A :class:`GradientTransformation` with state :class:`EmptyState`.
-
-    Raises:
-        TypeError: if ``max_norm`` is not a float.
-        ValueError: if it is not ``> 0``.
-
-    Example:
-        >>> from sbfunc import optim
-        >>> opt = optim.clip_by_global_norm(1.0)
-        >>> opt.update({"a": torch.tensor([3.0]), "b": torch.tensor([4.0])}, opt.init({}))[0]
-        {'a': tensor([0.6000]), 'b': tensor([0.8000])}
-
-    References:
-        Pascanu et al. 2013, "On the difficulty of training recurrent neural networks";
-        PyTorch ``torch.nn.utils.clip_grad_norm_``; DeepMind optax ``clip_by_global_norm``.
-    """
-    bound = check_real(max_norm, "max_norm", low=0.0, open_low=True)
-    return _ClipByGlobalNorm(name="clip_by_global_norm", max_norm=bound).transformation()

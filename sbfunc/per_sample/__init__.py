@@ -51,3 +51,7 @@ __all__ = [
     "sum_grad_squared",
     "variance",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -17,6 +17,7 @@ import torch
 
 from sbfunc.batch import PerSample, batch_size, take
 from sbfunc.module import LossFn, Params, reduce_per_sample
+from sbfunc.module_checks import check_state
 from sbfunc.per_sample.fallback import vmap_grads
 from sbfunc.per_sample.intercept import LayerRecorder
 from sbfunc.validation import check_int
@@ -113,12 +114,17 @@ def _valid_int_list(values: Any, n: int) -> bool:
         and all(type(i) is int for i in values)
         and min(values) >= 0
         and max(values) < n
-        and len(set(values)) == len(values)
     )
 
 
 def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
-    """Validate sub-sampling indices against a batch of ``n`` and return them as int64.
+    """Validate sub-sampling indices against a batch of ``n`` and return them as int64, in the
+    given order with repeats kept (BackPACK's ``subsampling``: row ``i`` of a result is sample
+    ``subsampling[i]``; a repeated index is computed, and counted in sums, once per position).
+
+    A Python list is checked in Python; a tensor is read on the host (one sync for the range
+    check). This runs once per call of a per-sample transform, outside the training step's
+    hot path.
 
     Args:
         subsampling: a list/tuple of ints or a 1-D integer tensor.
@@ -127,18 +133,19 @@ def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
     Returns:
         ``Tensor[S]`` of int64 indices, in the given order.
 
-    A Python list is checked in Python; a tensor is read on the host (one sync for the range
-    and duplicate checks). This runs once per call of a per-sample transform, outside the
-    training step's hot path.
-
     Raises:
         TypeError: if the indices are not integers.
-        ValueError: if they are not 1-D, empty, outside ``[0, n)`` or repeated.
+        ValueError: if they are not 1-D, empty, or one lies outside ``[0, n)`` (the message
+            names its position, its value and the batch size).
 
     Example:
         >>> from sbfunc.per_sample.engine import check_subsampling
-        >>> check_subsampling([3, 0], 5)
-        tensor([3, 0])
+        >>> check_subsampling([3, 0, 3], 5)
+        tensor([3, 0, 3])
+        >>> check_subsampling([1, 5], 5)
+        Traceback (most recent call last):
+        ...
+        ValueError: subsampling[1] = 5 is out of range for a batch of 5 samples: ...
 
     References:
         Dangel et al. 2020, "BackPACK", ``BatchGrad(subsampling=...)``.
@@ -153,13 +160,13 @@ def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
     if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
         raise TypeError(f"subsampling must hold integer indices, got dtype {idx.dtype}")
     idx = idx.long()
-    lo, hi = int(idx.min()), int(idx.max())
-    if lo < 0 or hi >= n:
+    bad = ((idx < 0) | (idx >= n)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
         raise ValueError(
-            f"subsampling indices must be in [0, {n}) (the batch size), got {lo}..{hi}"
+            f"subsampling[{i}] = {int(idx[i])} is out of range for a batch of {n} samples: "
+            f"indices must be in [0, {n}) (order and repeats are kept)"
         )
-    if torch.unique(idx).numel() != idx.numel():
-        raise ValueError("subsampling indices must be unique; got repeated indices")
     return idx
 
 
@@ -219,7 +226,8 @@ def compute(
     """Statistics of the per-sample gradients of the selected samples, per stat and parameter.
 
     Per-sample statistics (``grad``, ``sq_norm``) have the selected samples as leading
-    dimension, in the order of ``subsampling``; sums (``sum``, ``sum_sq``) are over them.
+    dimension, in the order of ``subsampling`` (repeats kept); sums (``sum``, ``sum_sq``) are
+    over them (a repeated index counts once per position).
 
     Args:
         loss_fn: per-sample loss function.
@@ -236,8 +244,10 @@ def compute(
         ``{stat: {name: Tensor}}``.
 
     Raises:
-        ValueError: for a bad ``chunk_size``, unknown ``wrt`` names, bad indices, a loss that
-            is not ``[N]`` or train-mode BatchNorm.
+        ValueError: for ``params``/``buffers`` that do not match the module behind a
+            :class:`~sbfunc.ModuleLoss` (checked first, before any forward), a bad
+            ``chunk_size``, unknown ``wrt`` names, bad indices, a loss that is not ``[N]`` or
+            train-mode BatchNorm.
 
     Example:
         >>> from sbfunc.per_sample.engine import compute
@@ -253,6 +263,7 @@ def compute(
     References:
         Dangel et al. 2020, "BackPACK: Packing more into backprop".
     """
+    check_state(loss_fn, params, buffers)
     if chunk_size is not None:
         check_int(chunk_size, "chunk_size", low=1, fix="or None for one chunk")
     names = resolve_wrt(wrt, params)

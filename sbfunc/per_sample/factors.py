@@ -169,7 +169,8 @@ def factor_chunks(
 
     Raises:
         TypeError: for a bad key or indices.
-        ValueError: for a bad ``chunk_size``, indices or ``wrt`` names.
+        ValueError: for ``params``/``buffers`` that do not match the loss's module, a bad
+            ``chunk_size``, indices or ``wrt`` names.
 
     Example:
         >>> from sbfunc.per_sample.factors import factor_chunks
@@ -188,7 +189,7 @@ def factor_chunks(
     """
     if c.mc_samples is not None:
         key = check_key(key, "key")
-    names, parts = chunks(c, params, batch, subsampling, chunk_size)
+    names, parts = chunks(c, params, buffers, batch, subsampling, chunk_size)
     return factor_iter(c, params, buffers, names, parts, key)
 
 

@@ -340,7 +340,7 @@ def ggn_vector_product(
         subsampling: Sequence[int] | torch.Tensor | None = None,
         chunk_size: int | None = None,
     ) -> Params:
-        names, parts = chunks(c, params, batch, subsampling, chunk_size)
+        names, parts = chunks(c, params, buffers, batch, subsampling, chunk_size)
         _check_vector(vector, params, names)
         return _sum([_gvp_chunk(c, params, buffers, part, names, vector) for part in parts])
 

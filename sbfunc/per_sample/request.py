@@ -12,6 +12,7 @@ import torch
 
 from sbfunc.batch import PerSample, batch_size, check_per_sample, take
 from sbfunc.module import ModuleLoss, Params
+from sbfunc.module_checks import check_state
 from sbfunc.per_sample.engine import check_subsampling, check_wrt, resolve_wrt
 from sbfunc.per_sample.loss_hessian import Kind, criterion_kind
 from sbfunc.validation import check_choice, check_int, describe
@@ -103,7 +104,9 @@ def select(subsampling: Any, n: int) -> torch.Tensor | None:
 
     Raises:
         TypeError: for non-integer indices.
-        ValueError: for an empty or non-1-D list, or an index outside ``[0, n)``.
+        ValueError: for an empty or non-1-D list, or an index outside ``[0, n)``
+            (:func:`~sbfunc.per_sample.check_subsampling`, shared with the first-order
+            transforms).
 
     Example:
         >>> from sbfunc.per_sample.request import select
@@ -113,14 +116,7 @@ def select(subsampling: Any, n: int) -> torch.Tensor | None:
     References:
         Dangel et al. 2020, "BackPACK", ``SqrtGGNExact(subsampling=...)``.
     """
-    if subsampling is None:
-        return None
-    if isinstance(subsampling, list | tuple):
-        check_subsampling(list(dict.fromkeys(subsampling)), n)  # types and range, no repeats
-        return torch.tensor(subsampling, dtype=torch.long)
-    idx = torch.as_tensor(subsampling)
-    check_subsampling(torch.unique(idx) if idx.dim() == 1 else idx, n)
-    return idx.long()
+    return None if subsampling is None else check_subsampling(subsampling, n)
 
 
 def check_output(c: Curvature, out: Any, m: int) -> None:
@@ -177,13 +173,19 @@ class Chunk(NamedTuple):
 
 
 def chunks(
-    c: Curvature, params: Params, batch: Any, subsampling: Any, chunk_size: int | None
+    c: Curvature,
+    params: Params,
+    buffers: Params,
+    batch: Any,
+    subsampling: Any,
+    chunk_size: int | None,
 ) -> tuple[list[str], list[Chunk]]:
     """Validate and resolve the call arguments: the differentiated names and the chunks.
 
     Args:
         c: the request (:func:`curvature`).
         params: parameters.
+        buffers: buffers.
         batch: a pytree batch of ``N`` samples.
         subsampling: indices (:func:`select`) or ``None``.
         chunk_size: at most this many samples per chunk, or ``None``.
@@ -192,15 +194,17 @@ def chunks(
         ``(names, chunks)``.
 
     Raises:
-        TypeError: for non-integer indices.
-        ValueError: for a bad ``chunk_size``, indices or ``wrt`` names.
+        TypeError: for non-integer indices, or dicts that are not of tensors.
+        ValueError: for ``params``/``buffers`` that do not match the loss's module (checked
+            first: :func:`sbfunc.module_checks.check_state`), a bad ``chunk_size``, indices or
+            ``wrt`` names.
 
     Example:
         >>> from sbfunc.per_sample.request import chunks, curvature
         >>> model = torch.nn.Linear(3, 2)
         >>> c = curvature(sbfunc.per_sample_loss(model, torch.nn.functional.mse_loss),
         ...               reduction="mean", mc_samples=None, wrt=["bias"], per_sample=None)
-        >>> names, parts = chunks(c, dict(model.named_parameters()), (torch.ones(5, 3),
+        >>> names, parts = chunks(c, *sbfunc.split_module(model), (torch.ones(5, 3),
         ...                       torch.ones(5, 2)), [4, 0, 0], 2)
         >>> names, [(p.m, p.start, p.s, p.n) for p in parts]
         (['bias'], [(2, 0, 3, 5), (1, 2, 3, 5)])
@@ -208,6 +212,7 @@ def chunks(
     References:
         Dangel et al. 2020, "BackPACK" (``subsampling``).
     """
+    check_state(c.loss_fn, params, buffers)
     if chunk_size is not None:
         check_int(chunk_size, "chunk_size", low=1, fix="or None for one chunk")
     names = resolve_wrt(c.wrt, params)

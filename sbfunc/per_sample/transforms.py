@@ -3,14 +3,20 @@
 Each transform takes a :class:`~sbfunc.module.LossFn` and returns
 ``f(params, buffers, batch, *, subsampling=None, chunk_size=None)``:
 
-* ``subsampling``: indices of the samples to use (1-D, unique, in ``[0, N)``); since samples
-  are independent the quantities are computed on ``take(batch, subsampling)`` only, so the cost
-  scales with the subset. Results follow the order of ``subsampling``.
+* ``subsampling``: indices of the samples to use (1-D, in ``[0, N)``); since samples are
+  independent the quantities are computed on ``take(batch, subsampling)`` only, so the cost
+  scales with the subset. Order and repeats are kept, as BackPACK's ``subsampling``: row ``i``
+  of a per-sample result is sample ``subsampling[i]``, and a repeated index counts once per
+  position in sums and variances.
 * ``chunk_size``: process at most this many samples per forward/backward to bound memory.
 * ``wrt`` (at construction): parameter names or module prefixes to differentiate; the others
   are frozen (constants) and absent from the results.
 * ``per_sample`` (at construction): which leaves of the batch are per-sample
   (:data:`sbfunc.batch.PerSample`), for batches the default rule misreads.
+
+The ``params`` and ``buffers`` given to a transform of a :class:`~sbfunc.ModuleLoss` are checked
+against its module (names and shapes, :func:`sbfunc.module_checks.check_state`) before any
+forward; a plain loss function is not checked.
 
 Gradients are those of each sample's **own** loss ``loss_fn(...)[i]`` (unscaled). BackPACK
 differentiates the batch loss, usually the mean ``(1/N) sum_i loss_i`` over the *whole* batch
@@ -74,8 +80,8 @@ class PerSampleTransform(Protocol[T_co]):
             params: parameter dict (e.g. from :func:`sbfunc.split_module`); never modified.
             buffers: buffer dict.
             batch: any pytree batch of ``N`` samples.
-            subsampling: indices of the samples to use (1-D, unique, in ``[0, N)``), or
-                ``None``.
+            subsampling: indices of the samples to use (1-D, in ``[0, N)``; order and
+                repeats kept: row ``i`` is sample ``subsampling[i]``), or ``None``.
             chunk_size: at most this many samples per forward/backward, or ``None``.
 
         Returns:
@@ -158,9 +164,9 @@ def batch_grad(
 
     Raises:
         TypeError: for a non-callable ``loss_fn``, a malformed ``wrt`` or ``per_sample``.
-            Calls raise
-            ``ValueError`` for bad indices, unknown ``wrt`` names, train-mode BatchNorm or a
-            loss that is not ``[N]``.
+            Calls raise ``ValueError`` for ``params``/``buffers`` that do not match the
+            module of a :class:`~sbfunc.ModuleLoss`, bad indices, unknown ``wrt`` names,
+            train-mode BatchNorm or a loss that is not ``[N]``.
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))

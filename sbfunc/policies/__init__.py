@@ -4,7 +4,7 @@ non-finite rule included): the stateless fixed-count rules (:func:`rank_power`, 
 :func:`random_subset`, with :class:`EmptyState`), the stateful ones, and the refill queue.
 """
 
-from sbfunc.policies.apply import Pruned, apply_policy, score_needed
+from sbfunc.policies.apply import Pruned, apply_policy, score_needed, unscorable_dropped
 from sbfunc.policies.base import (
     EmptyState,
     Policy,
@@ -13,6 +13,7 @@ from sbfunc.policies.base import (
     ScoreRows,
     SelectArgs,
     SelectPolicy,
+    as_scores,
     bernoulli_selection,
     check_ids,
     check_scores,
@@ -62,6 +63,7 @@ __all__ = [
     "SelectPolicy",
     "StaleState",
     "apply_policy",
+    "as_scores",
     "bernoulli_selection",
     "check_ids",
     "check_scores",
@@ -93,5 +95,10 @@ __all__ = [
     "table_update",
     "tau_threshold",
     "top_k",
+    "unscorable_dropped",
     "variance_reduction",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

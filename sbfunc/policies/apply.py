@@ -1,5 +1,5 @@
-"""Run a policy on a pytree batch: ids from a batch field, pruning, and scoring only the rows
-the policy reads."""
+"""Run a policy on a pytree batch: ids from a batch field, pruning, scoring only the rows
+the policy reads, and counting the unscorable rows a selection leaves out."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import Field, PerSample, batch_size, extract, take
-from sbfunc.policies.base import Policy, PolicyState
+from sbfunc.policies.base import Policy, PolicyState, check_scores
 from sbfunc.score.losses import batch_device
 
-__all__ = ["Pruned", "apply_policy", "score_needed"]
+__all__ = ["Pruned", "apply_policy", "score_needed", "unscorable_dropped"]
 
 
 class Pruned(NamedTuple):
@@ -81,6 +81,7 @@ def apply_policy(
         A :class:`Pruned`.
 
     Raises:
+        TypeError: if ``scores`` is not a tensor, or as the policy raises.
         ValueError: if ``scores`` does not have one entry per row, or as the policy raises.
 
     Example:
@@ -96,7 +97,7 @@ def apply_policy(
         Jiang et al. 2019 (score, select, prune); Mindermann et al. 2022.
     """
     n = batch_size(batch, per_sample=per_sample)
-    if scores.shape != (n,):
+    if check_scores(scores) != n:
         raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
     id_tensor = None if ids is None else extract(batch, ids, "ids")
     if policy.prune is not None:
@@ -172,3 +173,51 @@ def score_needed(
         scored.to(fresh.device),
         rows.shape[0],
     )
+
+
+def unscorable_dropped(
+    scores: torch.Tensor,
+    scored: torch.Tensor | None,
+    kept: torch.Tensor,
+    *,
+    finite: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Count the rows a selection left out that could not be scored: a non-finite score (a
+    non-finite input, a scoring loss that overflowed) or a non-finite input. The step adds
+    them to ``rows_nonfinite``, so selection never makes a corrupt row vanish silently.
+
+    Args:
+        scores: the ``Tensor[N]`` scores given to the policy.
+        scored: which entries are fresh scores (:func:`score_needed`); ``None``: all of them.
+            Placeholders are never read.
+        kept: ``int64 Tensor[k]`` of the unique rows that go on to the training forward
+            (the step's guard counts the corrupt ones among those itself).
+        finite: ``bool Tensor[N]``, the rows whose inputs are all finite
+            (:func:`sbfunc.step.nonfinite.finite_rows`), so that a corrupt row that was not
+            scored, or scored finite, counts too; ``None``: not checked.
+
+    Returns:
+        A 0-d ``int64`` tensor on the scores' device, without a host sync.
+
+    Example:
+        >>> from sbfunc.policies import unscorable_dropped
+        >>> scores = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
+        >>> unscorable_dropped(scores, None, torch.tensor([0, 2]))  # row 2 goes on
+        tensor(1)
+        >>> fresh = torch.tensor([True, False, True, True])  # row 1 was not scored
+        >>> unscorable_dropped(scores, fresh, torch.tensor([3]))
+        tensor(1)
+        >>> finite = torch.tensor([False, True, True, True])  # row 0's input is not finite
+        >>> unscorable_dropped(scores, fresh, torch.tensor([3]), finite=finite)
+        tensor(2)
+
+    References:
+        Jiang et al. 2019 (score, select, prune); optax ``apply_if_finite`` (non-finite values
+        are never acted on).
+    """
+    bad = ~scores.isfinite()
+    if scored is not None:
+        bad = bad & scored
+    if finite is not None:
+        bad = bad | ~finite.to(bad.device)
+    return bad.sum() - bad.index_select(0, kept.to(bad.device)).sum()

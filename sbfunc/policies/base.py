@@ -5,6 +5,11 @@ state. ``select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0)`` returns
 :class:`~sbfunc.select.Selection` of the rows to backpropagate and the next state; the input
 state is never modified.
 
+**Scores** are a 1-D tensor of real numbers; integer and bool scores (an integer loss, a 0/1
+error) are cast to the default float dtype, in one place (:func:`as_scores`), so every
+policy selects from them the same rows as from the same values as floats. A non-tensor raises
+``TypeError``, another shape ``ValueError``.
+
 **Weights.** When a policy returns ``Selection.weights``, they are normalised for the estimator
 the training step uses, the *mean over the kept rows* ``(1/k) * sum_{j in S} w_j * L_j``: its
 expectation over the policy's randomness equals the full-batch mean ``(1/N) * sum_i L_i`` for
@@ -37,6 +42,7 @@ __all__ = [
     "ScoreRows",
     "SelectArgs",
     "SelectPolicy",
+    "as_scores",
     "bernoulli_selection",
     "check_ids",
     "check_scores",
@@ -92,8 +98,9 @@ class Policy(NamedTuple):
         init: ``() -> state``, the initial state.
         select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None) ->
             (Selection, state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to
-            backpropagate), ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id
-            policies), ``epoch`` the current epoch and ``elapsed`` the fraction of training
+            backpropagate; integer and bool scores count as floats, :func:`as_scores`),
+            ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id policies),
+            ``epoch`` the current epoch and ``elapsed`` the fraction of training
             done (Python numbers or 0-d tensors: inside a compiled step they are tensors), and
             ``scored`` a ``bool Tensor[N]`` marking the entries of ``scores`` that are fresh
             (``None``: all; the others are placeholders the policy must not read).
@@ -145,24 +152,68 @@ class EmptyState(NamedTuple):
 
 
 def check_scores(scores: torch.Tensor) -> int:
-    """Validate per-sample scores (a 1-D floating tensor, possibly empty) and return ``N``.
+    """Validate per-sample scores (a 1-D tensor of real numbers, possibly empty) and return
+    ``N``: the one rule for what a policy accepts as scores (:func:`as_scores` casts them).
+
+    Floating, integer and bool dtypes are accepted (integer and bool scores, e.g. a count or
+    a 0/1 error, are cast to the default float dtype by :func:`as_scores`, as Composer's
+    ``select_using_loss`` accepts an integer loss); complex scores are refused.
+
+    Args:
+        scores: the ``scores`` argument of ``select``.
+
+    Returns:
+        The number of rows ``N``.
 
     Raises:
-        TypeError: for a non-tensor or a non-floating dtype.
-        ValueError: for another shape.
+        TypeError: for a non-tensor (a list) or a complex tensor.
+        ValueError: for a tensor that is not 1-D.
 
     Example:
         >>> from sbfunc.policies import check_scores
-        >>> check_scores(torch.zeros(3)), check_scores(torch.zeros(0))
-        (3, 0)
+        >>> check_scores(torch.zeros(3)), check_scores(torch.arange(2))
+        (3, 2)
+        >>> check_scores(torch.zeros(0))
+        0
 
     References:
-        Jiang et al. 2019 (per-sample loss scores).
+        Jiang et al. 2019 (per-sample loss scores); MosaicML Composer ``select_using_loss``.
     """
-    validation.check_tensor(
-        scores, "scores", dim=1, floating=True, fix="pass one float score per row, a Tensor[N]"
-    )
+    fix = "pass one real score per row, a Tensor[N]"
+    validation.check_tensor(scores, "scores", dim=1, fix=fix)
+    if scores.is_complex():
+        raise TypeError(f"scores must be a 1-D tensor of real numbers, got {scores.dtype}; {fix}")
     return scores.shape[0]
+
+
+def as_scores(scores: torch.Tensor) -> torch.Tensor:
+    """Validate per-sample scores (:func:`check_scores`) and return them as a floating tensor:
+    floating scores unchanged, integer and bool scores cast to the default float dtype
+    (``torch.get_default_dtype()``; integers above ``2**24`` in magnitude may round in float32
+    and then tie). Every policy's ``select`` reads its scores through it.
+
+    Args:
+        scores: the ``scores`` argument of ``select``.
+
+    Returns:
+        ``Tensor[N]`` of a floating dtype, on the scores' device.
+
+    Raises:
+        TypeError: for a non-tensor or a complex tensor.
+        ValueError: for a tensor that is not 1-D.
+
+    Example:
+        >>> from sbfunc.policies import as_scores
+        >>> as_scores(torch.tensor([3, 1])), as_scores(torch.tensor([True, False]))
+        (tensor([3., 1.]), tensor([1., 0.]))
+
+    References:
+        MosaicML Composer ``select_using_loss`` (ranks an integer loss like a float one).
+    """
+    check_scores(scores)
+    if scores.dtype.is_floating_point:
+        return scores
+    return scores.to(torch.get_default_dtype())
 
 
 def check_ids(ids: torch.Tensor | None, n: int, policy: str) -> torch.Tensor:
@@ -289,7 +340,8 @@ def make_policy(
     record: Record | None = None,
 ) -> Policy:
     """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
-    (Selection, state)``; ``select`` validates the scores and packs its keyword arguments.
+    (Selection, state)``; ``select`` validates the scores (:func:`as_scores`: integer and bool
+    scores reach ``rule`` as floats) and packs its keyword arguments.
     Scores of zero rows give an empty selection and the state unchanged, without calling
     ``rule``.
 
@@ -315,7 +367,8 @@ def make_policy(
         elapsed: float | torch.Tensor = 0.0,
         scored: torch.Tensor | None = None,
     ) -> tuple[Selection, PolicyState]:
-        if check_scores(scores) == 0:  # an empty batch: nothing to select, nothing learned
+        scores = as_scores(scores)  # integer and bool scores as floats
+        if scores.shape[0] == 0:  # an empty batch: nothing to select, nothing learned
             return Selection(torch.zeros(0, dtype=torch.int64, device=scores.device)), state
         if scored is not None and (scored.shape != scores.shape or scored.dtype != torch.bool):
             raise ValueError(

@@ -35,9 +35,9 @@ def rank_power(keep: float) -> Policy:
         A :class:`~sbfunc.policies.Policy`.
 
     Raises:
-        TypeError: for ``keep`` not a number.
-        ValueError: for ``keep`` outside (0, 1]; at ``select``, for scores that are not a 1-D
-            floating tensor.
+        TypeError: for ``keep`` not a number; at ``select``, for scores that are not a tensor
+            (integer and bool scores are accepted as floats, :func:`~sbfunc.policies.as_scores`).
+        ValueError: for ``keep`` outside (0, 1]; at ``select``, for scores that are not 1-D.
 
     Example:
         >>> from sbfunc.policies import rank_power

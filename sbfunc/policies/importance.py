@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies.base import Policy, SelectArgs, check_scores, make_policy
+from sbfunc.policies.base import Policy, SelectArgs, as_scores, make_policy
 from sbfunc.policies.tables import Device
 from sbfunc.select import Selection, check_keep, kept_count
 from sbfunc.select.samplers import random_indices
@@ -108,10 +108,15 @@ def variance_reduction(scores: torch.Tensor) -> torch.Tensor:
     scores and ``N`` when one sample holds all the mass.
 
     Args:
-        scores: ``Tensor[N]`` of non-negative importance scores.
+        scores: ``Tensor[N]`` of non-negative importance scores (integer scores count as
+            floats).
 
     Returns:
         A 0-d tensor.
+
+    Raises:
+        TypeError, ValueError: for scores that are not a 1-D tensor (see
+            :func:`~sbfunc.policies.check_scores`).
 
     Example:
         >>> from sbfunc.policies import variance_reduction
@@ -121,7 +126,8 @@ def variance_reduction(scores: torch.Tensor) -> torch.Tensor:
     References:
         Katharopoulos & Fleuret 2018, Algorithm 1 (the ``tau`` update).
     """
-    if check_scores(scores) == 0:  # nothing to sample: no reduction
+    scores = as_scores(scores)
+    if scores.shape[0] == 0:  # nothing to sample: no reduction
         return torch.ones((), dtype=scores.dtype, device=scores.device)
     return _reduction(_sampling_probs(scores))
 

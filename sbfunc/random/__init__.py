@@ -66,3 +66,7 @@ __all__ = [
     "split",
     "uniform",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

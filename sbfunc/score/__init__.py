@@ -18,3 +18,7 @@ __all__ = [
     "downsample_batch",
     "score_losses",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

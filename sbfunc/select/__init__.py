@@ -13,3 +13,7 @@ __all__ = [
     "rank_power_log_weights",
     "ranks",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

@@ -21,3 +21,7 @@ __all__ = [
     "make_train_step",
     "weighted_mean",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

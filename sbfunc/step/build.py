@@ -39,9 +39,11 @@ def make_train_step(
       when ``loss_fn`` is a :class:`sbfunc.ModuleLoss`), then ``AFTER_FORWARD`` and
       ``BEFORE_LOSS``, then the per-sample losses of ``state.batch`` (so targets changed on
       ``BEFORE_LOSS`` count) and their weighted mean with ``state.sample_weights``
-      (:func:`weighted_mean`), differentiated in one pass;
-    * ``AFTER_LOSS`` sees ``loss`` and the per-sample ``losses``; ``AFTER_BACKWARD`` sees
-      ``grads`` (and may change them);
+      (:func:`weighted_mean`);
+    * ``AFTER_LOSS`` and ``BEFORE_BACKWARD`` see ``loss`` and the per-sample ``losses``, and
+      what they leave is differentiated (a new ``loss``, or new ``losses`` or
+      ``sample_weights`` averaged again); ``AFTER_BACKWARD`` sees ``grads`` (and may change
+      them). A change nothing later reads raises (:mod:`sbfunc.engine.writes`);
     * then the optimizer update ``optimizer.update(grads, opt_state, params)``.
 
     A batch left with **zero rows** after ``BEFORE_FORWARD`` (Selective Backprop with

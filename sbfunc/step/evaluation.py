@@ -33,7 +33,9 @@ class Evaluation(NamedTuple):
         epoch: ``time.epoch`` when it ran (epochs done when it follows an epoch's end).
         event: the training event it followed: ``BATCH_END``, ``EPOCH_END`` or ``FIT_END``.
         metrics: the ``eval_fn`` metrics averaged over every evaluation row (each batch's
-            metrics weighted by its number of rows), tensors left on the device.
+            metrics weighted by its number of rows): tensors left on the device from
+            :func:`evaluate`, Python numbers (one host read per evaluation) from
+            :func:`sbfunc.fit`.
 
     Example:
         >>> e = sbfunc.step.Evaluation(6, 2, sbfunc.Event.EPOCH_END, {"loss": torch.tensor(0.5)})

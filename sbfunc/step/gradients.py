@@ -145,7 +145,9 @@ def differentiate(
         return grads, loss, _join(*parts)
     leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
     loss, aux = objective(leaves)
-    raw = torch.autograd.grad(loss, tuple(leaves.values()), allow_unused=True)
+    raw: tuple[torch.Tensor | None, ...] = (None,) * len(leaves)
+    if loss.requires_grad:  # a loss that no parameter reaches has zero gradients
+        raw = torch.autograd.grad(loss, tuple(leaves.values()), allow_unused=True)
     grads = {
         k: torch.zeros_like(v) if g is None else g
         for (k, v), g in zip(leaves.items(), raw, strict=True)

@@ -1,5 +1,6 @@
 """The step's non-finite guard, both halves: corrupt rows masked before the forward
-(:mod:`sbfunc.step.nonfinite`), and an update whose loss or gradient is not finite kept from
+(:mod:`sbfunc.step.nonfinite`) and counted with the rows a selection left out for a
+non-finite score, and an update whose loss or gradient is not finite kept from
 the parameters, the optimizer state and the buffers (as optax ``apply_if_finite``, without a
 host sync: one ``torch.where`` per tensor on a device or under the compiler; eagerly on the
 CPU the flag is a host value already, and a branch skips the selects)."""
@@ -17,7 +18,7 @@ from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.records import Out
 from sbfunc.step.replicas import Replicas
 
-__all__ = ["keep_finite", "mask_corrupt_rows", "raise_if_nonfinite"]
+__all__ = ["count_unscorable", "keep_finite", "mask_corrupt_rows", "raise_if_nonfinite"]
 
 
 def mask_corrupt_rows(batch: Any, *, per_sample: PerSample) -> tuple[Any, torch.Tensor | None]:
@@ -55,6 +56,26 @@ def keep_finite(
     if host is not None:  # eagerly on the CPU: branch instead of a torch.where per tensor
         return finite, new if host else old
     return finite, keep_if_finite(finite, new, old)
+
+
+def count_unscorable(out: Out, unscorable: torch.Tensor | None) -> Out:
+    """``out`` with the rows a selection left out for a non-finite score
+    (``State.rows_unscorable``) added to ``out.rows_nonfinite``, so they are counted, warned
+    about and raised on like the rows the guard masks; unchanged with ``nonfinite="allow"``
+    (no count) or when no selection ran. Device tensors only: no sync.
+
+    Example:
+        >>> from sbfunc.step.guard import count_unscorable
+        >>> from sbfunc.step.records import Out
+        >>> out = Out(torch.tensor(0.5), 8, 4, torch.tensor(False), torch.tensor(0),
+        ...           torch.tensor(1))
+        >>> count_unscorable(out, torch.tensor(2)).rows_nonfinite
+        tensor(3)
+    """
+    counted = out.rows_nonfinite
+    if counted is None or unscorable is None:
+        return out
+    return out._replace(rows_nonfinite=counted + unscorable.to(counted.device))
 
 
 def raise_if_nonfinite(out: Out, step: int, replicas: Replicas) -> None:

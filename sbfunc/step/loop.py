@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from sbfunc.engine import Event, TrainState
 from sbfunc.step.evaluation import EvalFn, Evaluation
-from sbfunc.step.sequence import Data, Loop, epoch_batches, load, postfix
+from sbfunc.step.sequence import Data, Loop, epoch_batches, load, step_fields
 from sbfunc.step.train_step import StepMetrics, TrainStep
 from sbfunc.validation import check_int
 
@@ -54,7 +54,7 @@ class FitResult:
         history: one :class:`StepMetrics` per step run by this call (empty with
             ``fit(..., history=False)``).
         evaluations: one :class:`~sbfunc.step.Evaluation` per evaluation run by this call, in
-            order (empty without ``eval_data``).
+            order (empty without ``eval_data``); their metrics are Python numbers.
 
     Example:
         >>> state = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
@@ -157,7 +157,10 @@ def fit(
     ``eval_every.steps`` steps or after ``EPOCH_END`` every ``eval_every.epochs`` epochs
     (default: every epoch), and after ``FIT_END`` unless the schedule just evaluated the final
     state (Composer's default ``eval_interval`` and end-of-training evaluation). See
-    :func:`sbfunc.step.evaluate` for the events and the averaging.
+    :func:`sbfunc.step.evaluate` for the events and the averaging. Each evaluation's metrics
+    are read to the host once (Python numbers in :attr:`FitResult.evaluations`, ``tolist``
+    of every tensor; evaluation is not the step's hot path) and the latest scalar ones are
+    shown on the progress bar (``eval_<name>``).
 
     **Checkpoints** (with ``checkpoint=path``): the state is saved atomically with
     :func:`sbfunc.checkpoint.save` after ``BATCH_CHECKPOINT`` every ``save_every.steps`` steps,
@@ -186,7 +189,8 @@ def fit(
         steps: duration in steps.
         steps_per_epoch: batches per epoch when ``data`` has no ``len`` (at most this many are
             taken from each epoch's data).
-        progress: show a tqdm progress bar.
+        progress: show a tqdm progress bar: the loss (every ``log_every`` steps), the sample
+            counts and the latest evaluation metrics.
         log_every: steps between progress-bar loss updates.
         stop_after: return once ``time.step`` reaches this value (after that step's
             ``BATCH_CHECKPOINT``, or after the epoch's end when that step ends it; the data is
@@ -212,8 +216,11 @@ def fit(
     Raises:
         ValueError: for a duration, interval or count out of range, ``eval_data`` without
             ``eval_fn`` (or the reverse), ``eval_every``/``save_every`` without
-            ``eval_data``/``checkpoint``, or data that yields no batch in an epoch.
-        TypeError: for arguments of the wrong type.
+            ``eval_data``/``checkpoint``, empty ``data``, data without ``len`` and no
+            ``steps_per_epoch``, or data that yields no batch in an epoch.
+        TypeError: for arguments of the wrong type (``step`` not a :class:`TrainStep`,
+            ``state`` not a :class:`~sbfunc.TrainState`, ``data`` neither iterable nor
+            callable, ...).
 
     Example:
         >>> model = torch.nn.Linear(2, 2)
@@ -236,6 +243,8 @@ def fit(
         ...                     save_every=sbfunc.Duration(steps=4))
         >>> [(e.step, e.event.name) for e in result.evaluations]
         [(3, 'EPOCH_END'), (6, 'EPOCH_END')]
+        >>> type(result.evaluations[-1].metrics["loss"])  # read to the host, once per evaluation
+        <class 'float'>
         >>> sorted(os.listdir(folder))
         ['s4.pt', 's6.pt']
 
@@ -243,15 +252,8 @@ def fit(
         MosaicML Composer ``Trainer.fit`` (its event order, ``eval_interval``,
         ``save_interval`` and iterations) and ``Time``.
     """
-    if steps_per_epoch is None:
-        probe = epoch_batches(data, 0)
-        if not isinstance(probe, Sized):
-            raise ValueError("data has no len(); pass steps_per_epoch")
-        steps_per_epoch = len(probe)
-    if isinstance(steps_per_epoch, bool) or not isinstance(steps_per_epoch, int):
-        raise TypeError(f"steps_per_epoch must be an int, got {steps_per_epoch!r}")
-    if steps_per_epoch < 1:
-        raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+    _check_inputs(step, state, data)
+    steps_per_epoch = _steps_per_epoch(data, steps_per_epoch)
     total = Duration(epochs, steps).total_steps(steps_per_epoch)
     check_int(log_every, "log_every", low=1)
     limit = min(total, _positive(stop_after, "stop_after") or total)
@@ -282,19 +284,63 @@ def fit(
         bar=bar,
         log_every=log_every if progress else None,
     )
+    try:
+        state = _run(loop, state)
+    finally:
+        bar.close()
+    return FitResult(state, loop.kept, tuple(loop.evaluations))
+
+
+def _check_inputs(step: TrainStep, state: TrainState, data: Data) -> None:
+    """The positional arguments' types, named as ``fit`` names them."""
+    if not callable(step) or not hasattr(step, "fire"):
+        raise TypeError(
+            f"step must be a TrainStep from sbfunc.make_train_step, got {type(step).__name__}"
+        )
+    if not isinstance(state, TrainState):
+        raise TypeError(
+            f"state must be an sbfunc.TrainState (from step.init), got {type(state).__name__}"
+        )
+    if not (callable(data) or isinstance(data, Iterable)):
+        raise TypeError(
+            "data must be a re-iterable of batches (a list, a DataLoader) or a function "
+            f"epoch -> iterable, got {type(data).__name__}"
+        )
+
+
+def _steps_per_epoch(data: Data, given: int | None) -> int:
+    """``steps_per_epoch`` as given, else the length of epoch 0's data; errors name what the
+    user passed (``data``, or ``steps_per_epoch``)."""
+    if given is not None:
+        return check_int(given, "steps_per_epoch", low=1, fix="leave it out to count len(data)")
+    probe = epoch_batches(data, 0)
+    what = "data(0)" if callable(data) else "data"
+    if not isinstance(probe, Sized):
+        raise ValueError(
+            f"{what} has no len(), so fit cannot count the batches of an epoch; "
+            "pass steps_per_epoch"
+        )
+    if len(probe) == 0:
+        raise ValueError(f"{what} is empty: fit needs at least one batch per epoch")
+    return len(probe)
+
+
+def _run(loop: Loop, state: TrainState) -> TrainState:
+    """The loop, the final numbers on the progress bar and, when the run is done (not stopped
+    by ``stop_after``), ``FIT_END`` and the final evaluation."""
     loop.check_rows(state)  # the count when the call starts (one read)
     state = loop.run(state)
     loop.check_rows(state)
-    if progress and loop.last is not None and state.time.step % log_every != 0:
-        postfix(bar, state, loop.last)  # the final numbers, not those of the last refresh
-    bar.close()
-    if state.time.step < total:  # stopped early: resume later with fit(...) again
-        return FitResult(state, loop.kept, tuple(loop.evaluations))
+    every = loop.log_every
+    if every is not None and loop.last is not None and state.time.step % every != 0:
+        loop.show(step=step_fields(state, loop.last))  # not those of the last refresh
+    if state.time.step < loop.total:  # stopped early: resume later with fit(...) again
+        return state
     state = state.replace(time=state.time._replace(elapsed=1.0))
-    state = step.fire(Event.FIT_END, state)[0]
-    if eval_on is not None and not loop.evaluated_at_end(state):
+    state = loop.fire(Event.FIT_END, state)
+    if loop.eval_on is not None and not loop.evaluated_at_end(state):
         state = loop.evaluate(state, Event.FIT_END)
-    return FitResult(state, loop.kept, tuple(loop.evaluations))
+    return state
 
 
 def _eval_config(

@@ -30,7 +30,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size, take
-from sbfunc.engine import Carry, Event
+from sbfunc.engine import Carry
 from sbfunc.module import Params
 from sbfunc.step.objective import Fire, Objective
 
@@ -165,8 +165,7 @@ def accumulate(
             carry, fire, inside=inside, model_key=key_of(carry), ok=ok
         )
         rows = batch_size(carry.context.batch, per_sample=per_sample)
-        carry = fire(Event.AFTER_LOSS, carry)
-        return fire(Event.BEFORE_BACKWARD, carry), grads, loss, used, rows
+        return carry, grads, loss, used, rows
     device = (
         carry.context.params[next(iter(carry.context.params))].device if context.params else None
     )
@@ -192,8 +191,6 @@ def accumulate(
         carry, grads, loss, used = objective(
             carry, fire, inside=inside, model_key=key_of(carry), ok=part
         )
-        carry = fire(Event.AFTER_LOSS, carry)
-        carry = fire(Event.BEFORE_BACKWARD, carry)
         share = n / rows
         total = _scaled_sum(total, grads, share)
         loss_sum = loss * share if loss_sum is None else loss_sum + loss * share

@@ -1,5 +1,12 @@
-"""The differentiated part of a step: forward, ``AFTER_FORWARD``/``BEFORE_LOSS``, the loss, its
-gradient. Microbatching calls it once per chunk (:mod:`sbfunc.step.microbatch`)."""
+"""The differentiated part of a step: forward, ``AFTER_FORWARD``/``BEFORE_LOSS``, the loss,
+``AFTER_LOSS``/``BEFORE_BACKWARD``, its gradient. Microbatching calls it once per chunk
+(:mod:`sbfunc.step.microbatch`).
+
+The four events fire inside the differentiated function, so what an algorithm leaves there is
+what is backpropagated (Composer's meaning): a new ``loss`` on ``AFTER_LOSS`` or
+``BEFORE_BACKWARD`` is differentiated as it is; new per-sample ``losses`` or
+``sample_weights`` are averaged again (:func:`masked_mean`). There ``loss`` and ``losses``
+still carry their autograd history, so a loss built from them has the right gradient."""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
-from sbfunc.engine import Carry, Event, Time
+from sbfunc.engine import Carry, Event, State, Time
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim._finite import host_flag
 from sbfunc.step.gradients import (
@@ -22,7 +29,10 @@ from sbfunc.step.gradients import (
     weighted_mean,
 )
 
-__all__ = ["Fire", "Objective", "masked_mean"]
+__all__ = ["INSIDE_EVENTS", "Fire", "Objective", "backpropagated", "masked_mean"]
+
+INSIDE_EVENTS = (Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
+"""The events that fire inside the differentiated function."""
 
 Fire = Callable[[Event, Carry], Carry]
 """``fire(event, carry) -> carry``: apply one event's planned algorithms."""
@@ -49,6 +59,40 @@ def masked_mean(
     return weighted_mean(kept, weights) * (n / ok.sum().to(losses.dtype))
 
 
+def backpropagated(
+    ctx: State,
+    before: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    used: torch.Tensor | None,
+    n: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss to differentiate and the per-sample losses, after ``AFTER_LOSS`` and
+    ``BEFORE_BACKWARD`` left ``ctx``: a replaced ``loss`` as it is, else the mean of the
+    (possibly replaced) ``losses`` under the (possibly replaced) ``sample_weights``, else
+    ``loss`` unchanged. ``before`` is ``(loss, losses, sample_weights)`` as ``AFTER_LOSS``
+    received them.
+
+    Raises:
+        ValueError: if a replaced ``loss`` is not a 0-d floating tensor, or replaced
+            ``losses`` are not one per row.
+    """
+    loss, losses, weights = before
+    if ctx.loss is not loss:
+        new = ctx.loss
+        if not isinstance(new, torch.Tensor) or new.dim() != 0 or not new.is_floating_point():
+            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+            raise ValueError(
+                "state.loss changed on AFTER_LOSS/BEFORE_BACKWARD must be a 0-d floating "
+                f"tensor (what is backpropagated), got {got}"
+            )
+        return new, ctx.losses if ctx.losses is not None else losses
+    if ctx.losses is not losses or ctx.sample_weights is not weights:
+        new_losses = ctx.losses
+        check_losses(new_losses, n)
+        assert isinstance(new_losses, torch.Tensor)  # check_losses raised otherwise
+        return masked_mean(new_losses, ctx.sample_weights, used), new_losses
+    return loss, losses
+
+
 class Objective(NamedTuple):
     """How one step turns a batch into a loss and gradients.
 
@@ -63,6 +107,16 @@ class Objective(NamedTuple):
     per_sample: PerSample
     mask_nonfinite: bool
 
+    def rows_used(self, losses: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor | None:
+        """The rows the loss averages: inputs (``ok``) and loss finite; ``None``: all (or
+        not masking). Eagerly the loss's finiteness is read only when needed."""
+        if not self.mask_nonfinite:
+            return ok
+        finite = torch.isfinite(losses.detach())
+        if ok is not None or not host_flag(finite.all()):
+            return finite if ok is None else ok & finite
+        return None
+
     def __call__(
         self,
         carry: Carry,
@@ -76,16 +130,17 @@ class Objective(NamedTuple):
 
         Args:
             carry: the carry after ``BEFORE_FORWARD``.
-            fire: applies ``AFTER_FORWARD`` and ``BEFORE_LOSS``.
-            inside: whether any algorithm runs on those two events (their outputs may then
+            fire: applies ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD``.
+            inside: whether any algorithm runs on those four events (their outputs may then
                 carry autograd history eagerly and are detached).
             model_key: the key of the model's random operations, or ``None``.
             ok: the rows whose inputs are finite (``None``: all).
 
         Returns:
-            ``(carry, grads, loss, ok)``: the carry with ``loss``, detached ``losses``,
-            ``outputs`` and new ``buffers``; the gradients; the loss; the rows the loss used
-            (inputs and loss finite), or ``None`` when not masking.
+            ``(carry, grads, loss, ok)``: the carry after ``BEFORE_BACKWARD`` with the
+            backpropagated ``loss``, detached ``losses``, ``outputs`` and new ``buffers``; the
+            gradients; the loss; the rows the loss used (inputs and loss finite), or ``None``
+            when not masking.
         """
         loss_fn, staged = self.loss_fn, isinstance(self.loss_fn, ModuleLoss)
         context = carry.context
@@ -110,13 +165,14 @@ class Objective(NamedTuple):
             else:
                 with randomness():
                     losses = loss_fn(p, b, ctx.batch)
-            check_losses(losses, batch_size(ctx.batch, per_sample=self.per_sample))
-            used = ok
-            if self.mask_nonfinite:
-                finite = torch.isfinite(losses.detach())
-                if ok is not None or not host_flag(finite.all()):  # eagerly: only when needed
-                    used = finite if ok is None else ok & finite
-            loss = masked_mean(losses, ctx.sample_weights, used)
+            n = batch_size(ctx.batch, per_sample=self.per_sample)
+            check_losses(losses, n)
+            used = self.rows_used(losses, ok)
+            before = (masked_mean(losses, ctx.sample_weights, used), losses, ctx.sample_weights)
+            c = c._replace(context=ctx._replace(loss=before[0], losses=losses))
+            c = fire(Event.BEFORE_BACKWARD, fire(Event.AFTER_LOSS, c))
+            ctx = c.context
+            loss, losses = backpropagated(ctx, before, used, n)
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.
             c = c._replace(context=ctx._replace(time=cast(Time, None)))

@@ -39,7 +39,8 @@ class StepMetrics(NamedTuple):
             loss or gradient, or no row left to train on).
         traces: the engine's traces of every event of the step, in order.
         rows_nonfinite: a 0-d ``int64`` tensor: rows left out of the update because their
-            input or loss was not finite (``None`` with ``nonfinite="allow"``).
+            input or loss was not finite, those a selection left out for a non-finite score
+            included (``State.rows_unscorable``); ``None`` with ``nonfinite="allow"``.
 
     Example:
         >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())

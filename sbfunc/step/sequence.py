@@ -7,12 +7,24 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import optree
+import torch
+
 from sbfunc import checkpoint as ckpt
 from sbfunc.engine import Event, TrainState
 from sbfunc.step.evaluation import EvalFn, Evaluation, evaluate
 from sbfunc.step.train_step import StepMetrics, TrainStep
 
-__all__ = ["Data", "Loop", "NonFiniteRowsWarning", "epoch_batches", "load", "postfix"]
+__all__ = [
+    "Data",
+    "Loop",
+    "NonFiniteRowsWarning",
+    "epoch_batches",
+    "eval_fields",
+    "host_metrics",
+    "load",
+    "step_fields",
+]
 
 Data = Iterable[Any] | Callable[[int], Iterable[Any]]
 """Training data: a re-iterable of batches or a function ``epoch -> iterable``."""
@@ -62,6 +74,7 @@ class Loop:
         self.evaluations: list[Evaluation] = []
         self.last: StepMetrics | None = None
         self.rows_seen: int | None = None  # rows_nonfinite when last read (a host sync)
+        self.shown: tuple[dict[str, Any], dict[str, str]] = ({}, {})  # step, eval fields
 
     def check_rows(self, state: TrainState) -> None:
         """Warn once per call when rows with a non-finite input or loss were left out since the
@@ -121,7 +134,7 @@ class Loop:
             batch = next(batches, _END)
             if batch is _END:
                 if state.time.batch_in_epoch == 0:
-                    raise ValueError(f"data yielded no batches in epoch {state.time.epoch}")
+                    raise ValueError(_no_batches(self.data, state.time.epoch))
                 return state, True
             state = self.train(state, batch)
         return state, False
@@ -134,7 +147,7 @@ class Loop:
         self.bar.update(1)
         t = state.time
         if self.log_every is not None and t.step % self.log_every == 0:
-            postfix(self.bar, state, self.last)
+            self.show(step=step_fields(state, self.last))
             self.check_rows(state)
         if self.eval_on is not None and _due(self.eval_on[2], "steps", t.step):
             state = self.evaluate(state, Event.BATCH_END)
@@ -162,13 +175,30 @@ class Loop:
             _save(state, self.save_on[0])
         return state
 
+    def show(
+        self, *, step: dict[str, Any] | None = None, evaluation: dict[str, str] | None = None
+    ) -> None:
+        """Show the latest step fields and evaluation metrics on the progress bar (each kept
+        until replaced, so showing one never reads the other again)."""
+        if self.log_every is None:  # no progress bar
+            return
+        shown = (
+            self.shown[0] if step is None else step,
+            self.shown[1] if evaluation is None else evaluation,
+        )
+        self.shown = shown
+        self.bar.set_postfix({**shown[0], **shown[1]})
+
     def evaluate(self, state: TrainState, after: Event) -> TrainState:
-        """One evaluation (following the training event ``after``), recorded."""
+        """One evaluation (following the training event ``after``), recorded with its metrics
+        read to Python numbers, and shown on the progress bar."""
         assert self.eval_on is not None
         data, eval_fn, _ = self.eval_on
         state, metrics = evaluate(self.step, state, data, eval_fn)
+        metrics = host_metrics(metrics)
         t = state.time
         self.evaluations.append(Evaluation(t.step, t.epoch, after, metrics))
+        self.show(evaluation=eval_fields(metrics))
         return state
 
     def evaluated_at_end(self, state: TrainState) -> bool:
@@ -178,6 +208,17 @@ class Loop:
         if unit == "steps":
             return t.step % n == 0
         return t.batch_in_epoch == 0 and t.epoch % n == 0
+
+
+def _no_batches(data: Data, epoch: int) -> str:
+    """The message for an epoch whose data yielded nothing (an iterator is used up)."""
+    message = f"data yielded no batches in epoch {epoch}"
+    if isinstance(data, Iterator):
+        message += (
+            " (data is an iterator, used up after one pass: pass a list, a DataLoader or "
+            "a function epoch -> iterable)"
+        )
+    return message
 
 
 def _due(interval: tuple[str, int], unit: str, count: int) -> bool:
@@ -201,10 +242,35 @@ def load(step: TrainStep, state: TrainState, path: str | os.PathLike[str] | None
     return step.fire(Event.AFTER_LOAD, state)[0]
 
 
-def postfix(bar: Any, state: TrainState, metrics: StepMetrics) -> None:
-    """Show the step's loss (a host sync) and the sample counts on the progress bar."""
-    bar.set_postfix(
-        loss=f"{float(metrics.loss):.4f}",
-        fwd=state.time.samples_forwarded,
-        bwd=state.time.samples_backpropagated,
+def step_fields(state: TrainState, metrics: StepMetrics) -> dict[str, Any]:
+    """The step's loss (a host sync) and the sample counts, as progress-bar fields."""
+    return {
+        "loss": f"{float(metrics.loss):.4f}",
+        "fwd": state.time.samples_forwarded,
+        "bwd": state.time.samples_backpropagated,
+    }
+
+
+def host_metrics(metrics: Any) -> Any:
+    """``metrics`` with every tensor read to Python numbers (``tolist``: a 0-d tensor becomes a
+    number, others nested lists). A host read per tensor: for evaluation, not the step."""
+
+    def read(m: Any) -> Any:
+        return m.detach().tolist() if isinstance(m, torch.Tensor) else m
+
+    return optree.tree_map(read, metrics)
+
+
+def eval_fields(metrics: Any) -> dict[str, str]:
+    """The scalar evaluation metrics as progress-bar fields, ``eval_<path>`` (``eval`` for a
+    bare number; ``eval_<set>/<name>`` for several evaluation sets)."""
+    fields: dict[str, str] = {}
+    paths, leaves, _ = optree.tree_flatten_with_path(
+        metrics, is_leaf=lambda m: isinstance(m, list)
     )
+    for path, value in zip(paths, leaves, strict=True):
+        if not isinstance(value, int | float):
+            continue  # vectors and non-numbers stay in FitResult.evaluations only
+        name = "/".join(str(p) for p in path)
+        fields["eval_" + name if name else "eval"] = f"{value:.4g}"
+    return fields

@@ -43,13 +43,14 @@ from sbfunc.engine import (
 )
 from sbfunc.engine.ordering import Pass
 from sbfunc.engine.run import advance_time, apply_planned, run_event, step_key
-from sbfunc.module import LossFn, Params
+from sbfunc.engine.writes import in_step
+from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim import GradientTransformation, apply_updates
 from sbfunc.step.compile_guards import compile_options
 from sbfunc.step.gradients import all_finite
-from sbfunc.step.guard import keep_finite, mask_corrupt_rows, raise_if_nonfinite
+from sbfunc.step.guard import count_unscorable, keep_finite, mask_corrupt_rows, raise_if_nonfinite
 from sbfunc.step.microbatch import Microbatching, accumulate
-from sbfunc.step.objective import Objective
+from sbfunc.step.objective import INSIDE_EVENTS, Objective
 from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
 from sbfunc.step.replicas import ONE_PROCESS, Replicas
 from sbfunc.validation import check_int
@@ -73,7 +74,7 @@ class TrainStep(nn.Module):
         >>> ce = torch.nn.functional.cross_entropy
         >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
         >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-        >>> state = step.init({}, {}, key=sbfunc.random.key(0))
+        >>> state = step.init(*sbfunc.split_module(loss_fn.module), key=sbfunc.random.key(0))
         >>> step.fire(sbfunc.Event.EPOCH_END, state) == (state, ())  # no algorithm matches
         True
 
@@ -108,6 +109,7 @@ class TrainStep(nn.Module):
         self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
         self.leaves = self.planner.leaves
         self.objective = Objective(loss_fn, per_sample, nonfinite != "allow")
+        self.writes = in_step(staged=isinstance(loss_fn, ModuleLoss))
         self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
         # torch.compile caches graphs per code object: this step's own copy of the traced core
         # keeps several compiled steps in one process out of each other's cache entries
@@ -137,8 +139,11 @@ class TrainStep(nn.Module):
         Raises:
             TypeError: if ``key`` is not a key or ``params``/``buffers`` are not dicts of
                 tensors.
-            ValueError: if ``total_steps`` is not a positive int.
+            ValueError: if ``total_steps`` is not a positive int, or ``params``/``buffers`` do
+                not match the module behind ``loss_fn`` (``sbfunc.module_checks.check_state``).
         """
+        from sbfunc.module_checks import check_state
+
         sbrandom.check_key(key, "key")
         for arg, value in (("params", params), ("buffers", buffers)):
             if not isinstance(value, dict) or not all(
@@ -148,6 +153,7 @@ class TrainStep(nn.Module):
                     f"{arg} must be a dict of name -> tensor (sbfunc.split_module), got "
                     f"{type(value).__name__}"
                 )
+        check_state(self.loss_fn, params, buffers)  # host-side names and shapes, no sync
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps", low=1)
         params, buffers, key = self.replicas.share(params, buffers, key)
@@ -273,7 +279,7 @@ class TrainStep(nn.Module):
         planned = self.planner.planned(plan.events, event)
         if not planned:
             return carry
-        return apply_planned(event, planned, carry, self.leaves, root)
+        return apply_planned(event, planned, carry, self.leaves, root, writes=self.writes)
 
     def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, Out]:
         """The tensor work of one step under ``plan``; compiles with ``fullgraph=True`` for
@@ -315,10 +321,7 @@ class TrainStep(nn.Module):
             bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
             return carry, Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
         model_key = self._model_key if self.keyed_model else None
-        inside = bool(
-            self.planner.planned(plan.events, Event.AFTER_FORWARD)
-            or self.planner.planned(plan.events, Event.BEFORE_LOSS)
-        )
+        inside = any(self.planner.planned(plan.events, e) for e in INSIDE_EVENTS)
         if n_kept == 0:  # no row here, the others may have some: contribute nothing
             grads = {k: torch.zeros_like(v) for k, v in carry.context.params.items()}
             loss = torch.zeros((), device=root.device)
@@ -368,9 +371,10 @@ class TrainStep(nn.Module):
     def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
+        context = carry.context
+        out = count_unscorable(out, context.rows_unscorable)  # selection's dropped rows too
         if self.nonfinite == "raise":
             raise_if_nonfinite(out, state.time.step, self.replicas)
-        context = carry.context
         scored = context.samples_scored
         time = state.time.advanced(
             forwarded=out.samples_backpropagated + scored,

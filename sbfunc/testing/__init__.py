@@ -33,6 +33,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 import sbfunc.passes  # noqa: F401  (the example above uses sbfunc.passes)
 from sbfunc.testing.strategies import (
     CLASSES,
+    FEATURES,
     algorithm_lists,
     algorithms,
     events,
@@ -45,6 +46,7 @@ from sbfunc.testing.toy import Toy, applied
 
 __all__ = [
     "CLASSES",
+    "FEATURES",
     "Toy",
     "algorithm_lists",
     "algorithms",
@@ -55,3 +57,7 @@ __all__ = [
     "states",
     "train_states",
 ]
+
+
+def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
+    return sorted(__all__)

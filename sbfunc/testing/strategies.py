@@ -12,9 +12,11 @@ from sbfunc.engine.algorithm import FLAGS, Algorithm
 from sbfunc.engine.events import Event
 from sbfunc.engine.state import State, Time, TrainState
 from sbfunc.testing.toy import Toy
+from sbfunc.validation import check_int
 
 __all__ = [
     "CLASSES",
+    "FEATURES",
     "algorithm_lists",
     "algorithms",
     "events",
@@ -26,6 +28,10 @@ __all__ = [
 
 CLASSES = 3
 """The number of classes of the toy batches and the linear classifier."""
+
+FEATURES = 2
+"""The default number of features of :func:`pytree_batches` and :func:`train_states`, so that
+the two fit together (:func:`linear_loss`) without arguments."""
 
 _NAMES = ("A", "B", "C", "SelectiveBackprop", "CutOut")
 
@@ -104,16 +110,22 @@ def algorithm_lists(draw: st.DrawFn, min_size: int = 0, max_size: int = 8) -> li
 
 
 @st.composite
-def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = None) -> Any:
+def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = FEATURES) -> Any:
     """A batch pytree (tuple, dict or nested, with metadata leaves) of ``N`` rows.
 
     Every form holds ``x`` (``[N, features]`` floats) and ``y`` (``[N]`` class indices in
     ``[0, 3)``) where :func:`linear_loss` finds them. Values come from an ``sbfunc.random``
-    key drawn as an integer, so examples are reproducible.
+    key drawn as an integer, so examples are reproducible. The default ``features`` is
+    :data:`FEATURES`, the default of :func:`train_states` too, so a drawn state and a drawn
+    batch fit together (:func:`states` draws both with one feature count).
 
     Args:
         max_size: the largest ``N`` (``N >= 1``).
-        features: the number of features (drawn in ``[1, 4]`` when ``None``).
+        features: the number of features (:data:`FEATURES` by default; drawn in ``[1, 4]``
+            when ``None``).
+
+    Raises:
+        ValueError: if ``max_size`` or ``features`` is below 1.
 
     Example:
         >>> from sbfunc.testing import pytree_batches
@@ -127,8 +139,8 @@ def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = No
     References:
         optree pytrees; Hypothesis ``composite``.
     """
-    n = draw(st.integers(1, max_size))
-    d = draw(st.integers(1, 4)) if features is None else features
+    n = draw(st.integers(1, check_int(max_size, "max_size", low=1)))
+    d = draw(_feature_counts(features))
     kx, ky = sbrandom.split(sbrandom.key(draw(st.integers(0, 2**32))))
     x = sbrandom.uniform(kx, (n, d))
     y = sbrandom.randint(ky, (n,), 0, CLASSES)
@@ -138,6 +150,13 @@ def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = No
     if kind == "dict":
         return {"input": x, "target": y}
     return {"input": (x, x * 2), "target": y, "meta": "toy", "scale": torch.tensor(1.0)}
+
+
+def _feature_counts(features: int | None) -> st.SearchStrategy[int]:
+    """``features`` (checked), or any count in ``[1, 4]`` for ``None``."""
+    if features is None:
+        return st.integers(1, 4)
+    return st.just(check_int(features, "features", low=1, fix="or None (drawn in [1, 4])"))
 
 
 def _features(batch: Any) -> torch.Tensor:
@@ -181,7 +200,7 @@ def _time(draw: st.DrawFn) -> Time:
 
 
 @st.composite
-def states(draw: st.DrawFn, with_batch: bool = True) -> State:
+def states(draw: st.DrawFn, with_batch: bool = True, features: int | None = None) -> State:
     """A :class:`~sbfunc.State` (what ``apply`` sees) whose params and batch fit together.
 
     The params are a linear classifier (``weight [3, d]``, ``bias [3]``) and the batch a
@@ -190,6 +209,10 @@ def states(draw: st.DrawFn, with_batch: bool = True) -> State:
 
     Args:
         with_batch: draw a batch (else ``batch=None``).
+        features: ``d`` (drawn in ``[1, 4]`` when ``None``, the default).
+
+    Raises:
+        ValueError: if ``features`` is below 1.
 
     Example:
         >>> from sbfunc.testing import linear_loss, states
@@ -205,7 +228,7 @@ def states(draw: st.DrawFn, with_batch: bool = True) -> State:
         optax states; Hypothesis ``composite``.
     """
     key = sbrandom.key(draw(st.integers(0, 2**32)))
-    d = draw(st.integers(1, 4))
+    d = draw(_feature_counts(features))
     params = {
         "weight": sbrandom.normal(sbrandom.fold_in(key, 1), (CLASSES, d)),
         "bias": torch.zeros(CLASSES),
@@ -220,27 +243,41 @@ def states(draw: st.DrawFn, with_batch: bool = True) -> State:
 
 
 @st.composite
-def train_states(draw: st.DrawFn, num_algorithms: int = 0) -> TrainState:
+def train_states(
+    draw: st.DrawFn, num_algorithms: int = 0, features: int | None = FEATURES
+) -> TrainState:
     """A :class:`~sbfunc.TrainState` with the params of :func:`states`, a drawn time and key,
     and ``num_algorithms`` empty algorithm states (``()``, what :class:`Toy` starts from).
 
+    Its linear classifier takes ``features`` inputs, :data:`FEATURES` by default as for
+    :func:`pytree_batches`: the defaults of the two fit together.
+
+    Args:
+        num_algorithms: how many empty algorithm states.
+        features: the classifier's inputs (drawn in ``[1, 4]`` when ``None``).
+
+    Raises:
+        ValueError: if ``num_algorithms`` is negative or ``features`` below 1.
+
     Example:
-        >>> from sbfunc.testing import train_states
+        >>> from sbfunc.testing import linear_loss, pytree_batches, train_states
         >>> from hypothesis import given, settings
         >>> @settings(max_examples=5, derandomize=True, database=None)
-        ... @given(train_states(num_algorithms=2))
-        ... def two_entries(state):
+        ... @given(train_states(num_algorithms=2), pytree_batches())
+        ... def fits(state, batch):
         ...     assert state.algorithm_state == ((), ())
-        >>> two_entries()
+        ...     assert linear_loss(state.params, state.buffers, batch).ndim == 1
+        >>> fits()
 
     References:
         flax ``TrainState``; Hypothesis ``composite``.
     """
-    view = draw(states(with_batch=False))
+    count = check_int(num_algorithms, "num_algorithms", low=0)
+    view = draw(states(with_batch=False, features=features))
     return TrainState(
         view.params,
         view.buffers,
         view.key,
-        algorithm_state=((),) * num_algorithms,
+        algorithm_state=((),) * count,
         time=view.time,
     )

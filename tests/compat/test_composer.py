@@ -265,3 +265,20 @@ def test_select_using_loss_train_needs_a_module():
         sbfunc.select_using_loss(x, y, model, F.cross_entropy, train="eval")
     xs, _ = sbfunc.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=None)
     assert xs.shape[0] == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_an_integer_fake_loss_selects_like_the_same_loss_as_floats(dtype):
+    # Composer's own Selective Backprop test scores with an int64 fake loss.
+    x, y = torch.randn(10, 4), torch.randint(0, 3, (10,))
+    model = nn.Linear(4, 3)
+
+    def fake(values):
+        return lambda output, target, reduction="none": values
+
+    losses = (torch.arange(10) * 7 % 5).to(dtype)
+    picked = []
+    for values in (losses, losses.to(torch.get_default_dtype())):
+        g = torch.Generator().manual_seed(3)
+        picked.append(sbfunc.select_using_loss(x, y, model, fake(values), generator=g)[0])
+    assert torch.equal(*picked)

@@ -88,3 +88,14 @@ def assert_same(ours: list[Params], ref: list[Params], *, exact: bool) -> None:
                 assert torch.equal(a[k], b[k]), f"step {step}, {k}: not bitwise equal"
             else:
                 torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def as_complex(tree: Params, *, keep: str | None = None) -> Params:
+    """complex64 tensors made of a real tree: the real parts are its tensors, the imaginary
+    parts the same tensors reversed along their first dimension (negated for 0-d ones);
+    ``keep`` names a key left real, so that the tree mixes complex and real parameters."""
+
+    def imaginary(v: torch.Tensor) -> torch.Tensor:
+        return v.flip(0) if v.dim() else -v
+
+    return {k: v if k == keep else torch.complex(v, imaginary(v)) for k, v in tree.items()}

@@ -34,6 +34,16 @@ def test_compiled_adam_with_cosine_schedule_matches_eager_without_recompiling():
     _compare_compiled(opt, grad_sequence(params, steps=5), params)  # past the schedule's end
 
 
+def test_compiled_adam_with_bfloat16_gradients_of_float32_parameters():
+    # the cast to the parameters' dtype is part of the graph: no host sync, one graph
+    opt = optim.adam(optim.cosine_decay_schedule(1e-2, 4), weight_decay=1e-2)
+    params = model_params()
+    grads = [
+        {k: g.to(torch.bfloat16) for k, g in gs.items()} for gs in grad_sequence(params, steps=3)
+    ]
+    _compare_compiled(opt, grads, params)
+
+
 @pytest.mark.parametrize("wrap", ["apply_if_finite", "multi_steps"])
 def test_compiled_wrappers_match_their_eager_branches_without_recompiling(wrap):
     inner = optim.chain(

@@ -99,3 +99,18 @@ def test_keep_if_finite_selects_leafwise(finite):
     new, old = ({"a": torch.ones(2)}, 1), ({"a": torch.zeros(2)}, 2)
     out = optim.keep_if_finite(torch.tensor(finite), new, old)
     assert torch.equal(out[0]["a"], (new if finite else old)[0]["a"]) and out[1] == 1
+
+
+@pytest.mark.parametrize("bad", [complex(float("nan"), 0.0), complex(1.0, float("inf"))])
+def test_the_check_reads_complex_tensors_by_their_parts(bad):
+    good = torch.tensor([1 + 2j, -3j], dtype=torch.complex64)
+    poisoned = torch.tensor([1 + 2j, bad], dtype=torch.complex64)
+    before, version = poisoned.clone(), poisoned._version
+    assert bool(optim.all_finite([good])) and not bool(optim.all_finite([good, poisoned]))
+    assert_identical(poisoned, before)
+    assert poisoned._version == version
+    guarded = optim.apply_if_finite(optim.adam(0.1))
+    params = {"z": good}
+    updates, state = guarded.update({"z": poisoned}, guarded.init(params), params)
+    assert_identical(optim.apply_updates(params, updates), params)
+    assert int(state.total_notfinite) == 1

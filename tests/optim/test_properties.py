@@ -14,7 +14,8 @@ from sbfunc import optim
 from tests.helpers import assert_identical
 
 SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=None)
-LRS = [0.1, optim.cosine_decay_schedule(0.1, 4), lambda count: 0.05]
+LRS = [0.1, 0.0, optim.cosine_decay_schedule(0.1, 4), lambda count: 0.05]
+DTYPES = [torch.float32, torch.float64, torch.complex64]
 WEIGHT_DECAYS = [0.0, 0.01, optim.constant_schedule(0.02)]
 
 
@@ -46,13 +47,12 @@ def optimizers(draw, *, wrapped=True):
 
 @st.composite
 def trees(draw):
-    """(params, [grads, grads]): 1-3 tensors of small shapes, float32 or float64 each."""
+    """(params, [grads, grads]): 1-3 tensors of small shapes, float32, float64 or complex64
+    each."""
     n = draw(st.integers(1, 3))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     shapes = draw(st.lists(st.sampled_from([(), (3,), (2, 3), (1, 2, 2)]), min_size=n, max_size=n))
-    dtypes = draw(
-        st.lists(st.sampled_from([torch.float32, torch.float64]), min_size=n, max_size=n)
-    )
+    dtypes = draw(st.lists(st.sampled_from(DTYPES), min_size=n, max_size=n))
 
     def rand(s, d):
         return torch.randn(s, generator=gen, dtype=d)

@@ -1,5 +1,6 @@
 """The building blocks: a chain's state mirrors its parts and its update is theirs in turn;
-clip_by_global_norm bounds the global norm and leaves small updates bit for bit;
+clip_by_global_norm bounds the global norm and leaves small updates bit for bit (torch's formula
+and optax's exact one);
 apply_updates adds, and a -0.0 update leaves every parameter bit for bit."""
 
 import torch
@@ -40,20 +41,49 @@ def test_a_chain_is_its_parts_in_turn(names):
         assert_identical(state, tuple(states))
 
 
+def _global_norm(tree):
+    return torch.linalg.vector_norm(torch.cat([t.double().reshape(-1) for t in tree.values()]))
+
+
 @SETTINGS
-@given(scale=st.floats(1e-3, 1e3), max_norm=st.floats(1e-2, 10.0))
-def test_clip_by_global_norm_bounds_the_norm(scale, max_norm):
+@given(
+    scale=st.floats(1e-3, 1e3),
+    max_norm=st.floats(1e-2, 10.0),
+    formula=st.sampled_from(["torch", "optax"]),
+)
+def test_clip_by_global_norm_bounds_the_norm(scale, max_norm, formula):
     grads = {k: v * scale for k, v in grad_sequence(model_params(), steps=1)[0].items()}
     grads["double"] = torch.ones(3, dtype=torch.float64) * scale
-    opt = optim.clip_by_global_norm(max_norm)
+    opt = optim.clip_by_global_norm(max_norm, formula=formula)
     updates, _ = opt.update(grads, opt.init(grads))
-    norm = torch.linalg.vector_norm(torch.cat([u.double().reshape(-1) for u in updates.values()]))
-    before = torch.linalg.vector_norm(torch.cat([g.double().reshape(-1) for g in grads.values()]))
-    assert float(norm) <= max_norm * (1 + 1e-5)
-    if float(before) + 1e-6 <= max_norm:  # already within: left bit for bit
+    norm, before = float(_global_norm(updates)), float(_global_norm(grads))
+    assert norm <= max_norm * (1 + 1e-6)
+    within = before <= max_norm if formula == "optax" else before + 1e-6 <= max_norm
+    if within:  # left bit for bit
         assert_identical(updates, grads)
     else:  # scaled down, direction kept
-        torch.testing.assert_close(float(norm), max_norm, rtol=1e-4, atol=0)
+        rtol = 1e-6 if formula == "optax" else 1e-4
+        torch.testing.assert_close(norm, max_norm, rtol=rtol, atol=0)
+
+
+def test_clip_formulas_on_a_clipped_update_and_one_just_under_the_bound():
+    # torch's max_norm / (norm + 1e-6) lands short of max_norm (here by 2.5e-6 relative) and
+    # shrinks an update just under it; optax's max_norm / max(norm, max_norm) does neither
+    max_norm = 1 / 3
+    grads = {k: v * 0.1 for k, v in grad_sequence(model_params(), steps=1)[0].items()}
+    grads = {k: v * (0.4 / float(_global_norm(grads))) for k, v in grads.items()}  # norm 0.4
+    under = {k: v * (max_norm * (1 - 1e-6) / 0.4) for k, v in grads.items()}
+    exact, torch_like = (
+        optim.clip_by_global_norm(max_norm, formula=f) for f in ("optax", "torch")
+    )
+    clipped = float(_global_norm(exact.update(grads, exact.init(grads))[0]))
+    assert abs(clipped / max_norm - 1) < 1e-6
+    assert_identical(exact.update(under, exact.init(under))[0], under)
+    short = float(_global_norm(torch_like.update(grads, torch_like.init(grads))[0]))
+    assert short < max_norm * (1 - 2e-6)
+    shrunk = torch_like.update(under, torch_like.init(under))[0]
+    assert float(_global_norm(shrunk)) < float(_global_norm(under))
+    assert repr(exact) == "clip_by_global_norm(max_norm=0.3333333333333333, formula='optax')"
 
 
 def test_apply_updates_adds_and_negative_zero_updates_leave_params_bit_for_bit():

@@ -112,3 +112,23 @@ def test_recurrent_grads_match_backpack(cell):
     assert set(grads) == set(bp)
     for k in params:
         torch.testing.assert_close(grads[k] / n, bp[k], msg=k)
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook")
+def test_repeated_subsampling_follows_backpack():
+    """BackPACK's ``subsampling`` keeps order and repeats (row ``i`` is sample
+    ``subsampling[i]``); so does ours."""
+    model = _models()["cnn"]
+    ours = copy.deepcopy(model)
+    n, sub = 16, [7, 2, 2, 10]
+    x = torch.randn(n, 1, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 10, (n,))
+    bp_model = backpack.extend(model)
+    loss = backpack.extend(nn.CrossEntropyLoss())(bp_model(x), y)
+    with backpack.backpack(extensions.BatchGrad(subsampling=sub)):
+        loss.backward()
+    loss_fn = sbfunc.per_sample_loss(ours, F.cross_entropy)
+    grads = batch_grad(loss_fn)(*sbfunc.split_module(ours), (x, y), subsampling=sub)
+    for k, p in model.named_parameters():
+        assert p.grad_batch.shape[0] == len(sub)
+        torch.testing.assert_close(grads[k] / n, p.grad_batch, msg=k)

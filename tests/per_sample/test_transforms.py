@@ -48,7 +48,7 @@ def _transforms(loss_fn, wrt=None):
 @SETTINGS
 @given(
     name=st.sampled_from(NAMES),
-    indices=st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True),
+    indices=st.lists(st.integers(0, 5), min_size=1, max_size=6),  # order and repeats kept
 )
 def test_subsampled_equals_full_then_sliced(name, indices):
     loss_fn, params, buffers, batch = setup(name)
@@ -132,7 +132,6 @@ def test_dict_batches_with_metadata():
     [
         ([0, 6], ValueError, r"in \[0, 6\)"),
         ([-1], ValueError, r"in \[0, 6\)"),
-        ([1, 1], ValueError, "unique"),
         ([], ValueError, "non-empty"),
         ([[0, 1]], ValueError, "1-D"),
         ([0.0, 1.0], TypeError, "integer"),

@@ -1,5 +1,9 @@
+import math
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
 from sbfunc.policies import (
@@ -8,6 +12,7 @@ from sbfunc.policies import (
     jiang_cdf,
     score_needed,
     stale_sb,
+    unscorable_dropped,
 )
 
 
@@ -70,3 +75,31 @@ def test_score_needed_scores_every_row_for_policies_that_read_them_all():
     )
     assert scored is None
     assert forwarded == 3 and calls == [3] and scores.tolist() == [0.0, 10.0, 20.0]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from([0.5, -2.0, float("nan"), float("inf"), -float("inf")]),
+            st.booleans(),  # a fresh score
+            st.booleans(),  # kept
+            st.booleans(),  # a finite input
+        ),
+        max_size=12,
+    ),
+    check_inputs=st.booleans(),
+)
+def test_unscorable_dropped_counts_the_left_out_rows_that_could_not_be_scored(rows, check_inputs):
+    scores = torch.tensor([r[0] for r in rows])
+    scored = torch.tensor([r[1] for r in rows], dtype=torch.bool)
+    kept = torch.tensor([i for i, r in enumerate(rows) if r[2]], dtype=torch.int64)
+    finite = torch.tensor([r[3] for r in rows], dtype=torch.bool) if check_inputs else None
+    expected = sum(
+        not r[2] and ((r[1] and not math.isfinite(r[0])) or (check_inputs and not r[3]))
+        for r in rows
+    )
+    count = unscorable_dropped(scores, scored, kept, finite=finite)
+    assert count.dtype == torch.int64 and count.shape == () and int(count) == expected
+    everything = unscorable_dropped(scores, None, kept)  # every score fresh
+    assert int(everything) == sum(not r[2] and not math.isfinite(r[0]) for r in rows)

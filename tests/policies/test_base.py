@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 from sbfunc import random as sbrandom
 from sbfunc.policies import (
     EmptyState,
+    as_scores,
     bernoulli_selection,
+    check_scores,
     horvitz_thompson,
     make_policy,
 )
@@ -67,3 +69,37 @@ def test_make_policy_packs_keyword_arguments():
 def test_bernoulli_selection_gives_a_forced_row_of_probability_zero_a_finite_weight():
     sel = bernoulli_selection(torch.zeros(4), sbrandom.key(0), weighted=True)
     assert sel.indices.shape == (1,) and sel.weights.tolist() == [0.25]  # k/N, as if pi = 1
+
+
+@pytest.mark.parametrize(
+    ("scores", "expected"),
+    [
+        (torch.tensor([3, 1, 2]), [3.0, 1.0, 2.0]),
+        (torch.tensor([3, 1], dtype=torch.uint8), [3.0, 1.0]),
+        (torch.tensor([True, False]), [1.0, 0.0]),
+        (torch.zeros(0, dtype=torch.int64), []),
+    ],
+)
+def test_as_scores_casts_integer_and_bool_scores_to_the_default_float_dtype(scores, expected):
+    out = as_scores(scores)
+    assert out.dtype == torch.get_default_dtype() and out.tolist() == expected
+    assert check_scores(scores) == len(expected)
+    assert torch.equal(scores, scores.clone())  # the input is untouched
+    floats = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    assert as_scores(floats) is floats  # floating scores are used as they are
+
+
+@pytest.mark.parametrize(
+    ("scores", "error", "message"),
+    [
+        ([1.0, 2.0], TypeError, "scores must be a 1-D tensor, got"),
+        (torch.zeros(2, dtype=torch.complex64), TypeError, "tensor of real numbers"),
+        (torch.zeros(2, 2), ValueError, "scores must be a 1-D tensor"),
+        (torch.tensor(1.0), ValueError, "scores must be a 1-D tensor"),
+    ],
+)
+def test_scores_that_are_not_a_1d_real_tensor_are_refused(scores, error, message):
+    with pytest.raises(error, match=message):
+        as_scores(scores)
+    with pytest.raises(error, match=message):
+        check_scores(scores)

@@ -71,11 +71,29 @@ def test_rank_only_rules_invariant_under_increasing_transforms(scores, keep, see
     s = torch.tensor(scores, dtype=torch.float64)
     k = sbrandom.key(seed)
     for transformed in (torch.exp(s / 1e3), 3 * s + 7, torch.atan(s / 1e3)):
-        # Strictly increasing maps preserve ranks (and ties) exactly in float64 here.
-        if torch.equal(torch.argsort(transformed, stable=True), torch.argsort(s, stable=True)):
+        # The maps are increasing in exact arithmetic, but rounding can merge two scores into
+        # one value (exp(-1.6e-126 / 1e3) == exp(0) == 1.0): a new tie, which the rules break
+        # at random. The claim is for maps that keep the order *and* the ties, so check both.
+        if same_order_and_ties(s, transformed):
             assert torch.equal(
                 pick(make, s, keep, k).indices, pick(make, transformed, keep, k).indices
             )
+
+
+def same_order_and_ties(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``b`` ranks its entries exactly as ``a`` does, ties included (dense ranks)."""
+    return torch.equal(
+        torch.unique(a, return_inverse=True)[1], torch.unique(b, return_inverse=True)[1]
+    )
+
+
+def test_same_order_and_ties_sees_a_tie_made_by_rounding():
+    s = torch.tensor([-1.583311112282909e-126, 0.0], dtype=torch.float64)
+    assert torch.equal(torch.argsort(torch.exp(s / 1e3), stable=True), torch.argsort(s))
+    assert not same_order_and_ties(s, torch.exp(s / 1e3))  # the old check's blind spot
+    t = torch.tensor([2.0, -1.0, 2.0, 0.5], dtype=torch.float64)
+    assert same_order_and_ties(t, 3 * t + 7)  # the tie between rows 0 and 2 kept
+    assert not same_order_and_ties(t, -t)
 
 
 @pytest.mark.parametrize("make", MAKERS)
@@ -92,11 +110,24 @@ def test_keep_type(keep):
 
 
 @pytest.mark.parametrize("scores", [torch.zeros(2, 2), torch.tensor(1.0)])
-def test_scores_shape(scores):
-    with pytest.raises(ValueError, match="scores must be a 1-D floating tensor"):
-        pick(top_k, scores, 0.5, sbrandom.key(0))
-    with pytest.raises(TypeError, match="scores must be a 1-D floating tensor"):
-        pick(top_k, [1.0, 2.0], 0.5, sbrandom.key(0))
+@pytest.mark.parametrize("make", MAKERS)
+def test_scores_shape(scores, make):
+    with pytest.raises(ValueError, match="scores must be a 1-D tensor"):
+        pick(make, scores, 0.5, sbrandom.key(0))
+    with pytest.raises(TypeError, match="scores must be a 1-D tensor"):
+        pick(make, [1.0, 2.0], 0.5, sbrandom.key(0))
+    with pytest.raises(TypeError, match="scores must be a 1-D tensor of real numbers"):
+        pick(make, torch.zeros(2, dtype=torch.complex64), 0.5, sbrandom.key(0))
+
+
+@pytest.mark.parametrize("make", MAKERS)
+def test_integer_scores_like_composers_fake_loss_are_ranked_as_floats(make):
+    # Composer's Selective Backprop test scores with an int64 fake loss; 0.2 accepted it.
+    losses = torch.tensor([3, 0, 7, 7, 1, 5, 2, 6])
+    for seed in range(5):
+        key = sbrandom.key(seed)
+        as_float = pick(make, losses.to(torch.get_default_dtype()), 0.5, key).indices
+        assert torch.equal(pick(make, losses, 0.5, key).indices, as_float)
 
 
 def test_top_k_picks_highest_and_keep_one_is_everything():

@@ -50,12 +50,13 @@ batches = st.integers(1, 24).flatmap(
 )
 
 
-def run(policy: Policy, steps, seed: int, as_tensors: bool = False):
+def run(policy: Policy, steps, seed: int, as_tensors: bool = False, dtype=None):
     """Apply the policy over a few batches; returns the selections and the states. With
-    ``as_tensors`` the epoch and elapsed time come as 0-d tensors (as inside a step)."""
+    ``as_tensors`` the epoch and elapsed time come as 0-d tensors (as inside a step); scores
+    have ``dtype`` (``None``: as ``torch.tensor`` infers it)."""
     state, out = policy.init(), []
     for t, (losses, ids) in enumerate(steps):
-        scores, id_t = torch.tensor(losses), torch.tensor(ids)
+        scores, id_t = torch.tensor(losses, dtype=dtype), torch.tensor(ids)
         before = (scores.clone(), id_t.clone())
         epoch, elapsed = t // 2, t / len(steps)
         if as_tensors:
@@ -98,16 +99,42 @@ def test_selection_is_valid_and_deterministic_per_key(name, steps, seed):
 @given(steps=st.lists(batches, min_size=1, max_size=4), seed=st.integers(0, 2**16))
 def test_epoch_and_elapsed_as_tensors_select_like_python_numbers(name, steps, seed):
     policy = POLICIES[name]()
-    numbers, tensors = run(policy, steps, seed), run(policy, steps, seed, as_tensors=True)
-    for (sel, state), (sel_t, state_t) in zip(numbers, tensors, strict=True):
-        assert torch.equal(sel.indices, sel_t.indices)
-        assert (sel.weights is None) == (sel_t.weights is None)
+    assert_same_runs(run(policy, steps, seed), run(policy, steps, seed, as_tensors=True))
+
+
+def assert_same_runs(a, b):
+    """Two runs of :func:`run` made the same selections and states."""
+    for (sel, state), (sel_b, state_b) in zip(a, b, strict=True):
+        assert torch.equal(sel.indices, sel_b.indices)
+        assert (sel.weights is None) == (sel_b.weights is None)
         if sel.weights is not None:
-            assert torch.equal(sel.weights, sel_t.weights)
-        a, b = checkpoint.to_state_dict(state), checkpoint.to_state_dict(state_t)
-        assert a["structure"] == b["structure"]
-        for x, y in zip(a["leaves"], b["leaves"], strict=True):
-            assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+            assert torch.equal(sel.weights, sel_b.weights)
+        x, y = checkpoint.to_state_dict(state), checkpoint.to_state_dict(state_b)
+        assert x["structure"] == y["structure"]
+        for u, v in zip(x["leaves"], y["leaves"], strict=True):
+            assert torch.equal(u, v) if isinstance(u, torch.Tensor) else u == v
+
+
+int_batches = st.integers(1, 24).flatmap(
+    lambda n: st.tuples(
+        st.lists(st.integers(0, 40), min_size=n, max_size=n),
+        st.permutations(range(NUM_IDS)).map(lambda p: p[:n]),
+    )
+)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+@settings(max_examples=6, deadline=None, derandomize=True, database=None)
+@given(steps=st.lists(int_batches, min_size=1, max_size=3), seed=st.integers(0, 2**16))
+def test_integer_scores_select_the_rows_of_the_same_scores_as_floats(name, dtype, steps, seed):
+    # Composer's test scores with an int64 fake loss; every policy casts in one place
+    # (sbfunc.policies.as_scores) to the default float dtype.
+    if dtype == torch.bool:
+        steps = [([v % 2 for v in losses], ids) for losses, ids in steps]
+    policy = POLICIES[name]()
+    exact = run(policy, steps, seed, dtype=dtype)
+    assert_same_runs(exact, run(policy, steps, seed, dtype=torch.get_default_dtype()))
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -146,7 +173,12 @@ def test_id_policies_refuse_a_call_without_ids(name):
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 @pytest.mark.parametrize(
-    ("scores", "error"), [(torch.zeros(2, 2), ValueError), (torch.arange(3), TypeError)]
+    ("scores", "error"),
+    [
+        (torch.zeros(2, 2), ValueError),
+        ([0.0, 1.0, 2.0], TypeError),
+        (torch.zeros(3, dtype=torch.complex64), TypeError),
+    ],
 )
 def test_bad_scores_are_refused(name, scores, error):
     policy = POLICIES[name]()

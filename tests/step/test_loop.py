@@ -127,7 +127,8 @@ def test_data_as_function_of_epoch_and_progress_bar(capsys):
         ({"steps": 2.5}, TypeError, "steps must be an int >= 1"),
         ({"epochs": 1, "log_every": 0}, ValueError, "log_every"),
         ({"epochs": 1, "stop_after": 0}, ValueError, "stop_after"),
-        ({"epochs": 1, "steps_per_epoch": 0}, ValueError, "steps_per_epoch must be >= 1"),
+        ({"epochs": 1, "steps_per_epoch": 0}, ValueError, "steps_per_epoch must be an int >= 1"),
+        ({"epochs": 1, "steps_per_epoch": 2.0}, TypeError, "steps_per_epoch must be an int"),
     ],
 )
 def test_validation(kwargs, exc, msg):
@@ -138,14 +139,74 @@ def test_validation(kwargs, exc, msg):
 
 def test_unsized_data_needs_steps_per_epoch():
     step, state, data = _setup()
-    with pytest.raises(ValueError, match="steps_per_epoch"):
+    with pytest.raises(ValueError, match=r"^data has no len\(\).*pass steps_per_epoch"):
         sbfunc.fit(step, state, iter(data), epochs=1, progress=False)
+    with pytest.raises(ValueError, match=r"^data\(0\) has no len\(\)"):
+        sbfunc.fit(step, state, lambda epoch: iter(data), epochs=1, progress=False)
 
 
-def test_empty_data_is_an_error():
+def test_empty_data_is_an_error_that_names_the_argument():
     step, state, _ = _setup()
+    with pytest.raises(
+        ValueError, match=r"^data is empty: fit needs at least one batch per epoch"
+    ):
+        sbfunc.fit(step, state, [])
+    with pytest.raises(ValueError, match=r"^data\(0\) is empty"):
+        sbfunc.fit(step, state, lambda epoch: [], epochs=1)
     with pytest.raises(ValueError, match="no batches"):
         sbfunc.fit(step, state, [], epochs=1, steps_per_epoch=1, progress=False)
+
+
+def test_a_used_up_iterator_is_named_as_the_cause():
+    step, state, data = _setup()
+    with pytest.raises(ValueError, match=r"epoch 1 \(data is an iterator, used up"):
+        sbfunc.fit(step, state, iter(data), epochs=2, steps_per_epoch=3, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("position", "bad", "msg"),
+    [
+        (0, len, "step must be a TrainStep from sbfunc.make_train_step, got builtin"),
+        (1, {}, "state must be an sbfunc.TrainState .from step.init., got dict"),
+        (2, None, "data must be a re-iterable of batches .* got NoneType"),
+    ],
+)
+def test_positional_arguments_are_checked_by_name(position, bad, msg):
+    args = list(_setup())
+    args[position] = bad
+    with pytest.raises(TypeError, match=msg):
+        sbfunc.fit(*args, epochs=1, progress=False)
+
+
+def _mean_loss(params, buffers, batch):
+    x, y = batch
+    return {"loss": F.cross_entropy(x @ params["weight"].T + params["bias"], y)}
+
+
+def test_evaluation_metrics_are_numbers_and_shown_on_the_bar(capsys):
+    step, state, data = _setup()
+    sets = {"val": data[:1], "test": data[1:]}
+    result = sbfunc.fit(step, state, data, epochs=2, eval_data=sets, eval_fn=_mean_loss)
+    assert [e.step for e in result.evaluations] == [3, 6]
+    for e in result.evaluations:
+        assert {k: type(v["loss"]) for k, v in e.metrics.items()} == {"val": float, "test": float}
+    last = result.evaluations[-1].metrics
+    err = capsys.readouterr().err
+    assert f"eval_val/loss={last['val']['loss']:.4g}" in err
+    assert f"eval_test/loss={last['test']['loss']:.4g}" in err and "loss=" in err
+
+
+def test_the_final_evaluation_is_shown_and_vectors_stay_off_the_bar(capsys):
+    step, state, data = _setup()
+
+    def metrics(params, buffers, batch):
+        return {"acc": torch.tensor(0.25), "per_class": torch.tensor([0.5, 1.0])}
+
+    result = sbfunc.fit(step, state, data, steps=2, eval_data=data[:1], eval_fn=metrics)
+    (only,) = result.evaluations
+    assert only.event == E.FIT_END and only.metrics == {"acc": 0.25, "per_class": [0.5, 1.0]}
+    err = capsys.readouterr().err
+    assert "eval_acc=0.25" in err and "per_class" not in err
 
 
 def test_fit_counts_loader_batches_when_refill_skips_updates():
@@ -164,3 +225,15 @@ def test_fit_counts_loader_batches_when_refill_skips_updates():
     assert [m.samples_backpropagated for m in result.history] == [0, 4] * 3
     assert t.samples_backpropagated == 12 and t.samples_forwarded == 24 + 12
     assert int(t.updates_skipped) == 3  # the three steps that only queued rows
+
+
+def test_a_bare_metric_is_a_number_named_eval(capsys):
+    step, state, data = _setup()
+
+    def loss(params, buffers, batch):
+        return _mean_loss(params, buffers, batch)["loss"]
+
+    result = sbfunc.fit(step, state, data, epochs=1, eval_data=data[:2], eval_fn=loss)
+    (only,) = result.evaluations
+    assert type(only.metrics) is float
+    assert f"eval={only.metrics:.4g}" in capsys.readouterr().err

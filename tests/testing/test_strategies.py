@@ -1,12 +1,15 @@
 """sbfunc.testing strategies draw valid, varied values; Toy and applied behave as documented."""
 
 import pytest
+import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc.engine import FLAGS, Algorithm, Event, State, TrainState, run_event
 from sbfunc.testing import (
     CLASSES,
+    FEATURES,
     Toy,
     algorithm_lists,
     algorithms,
@@ -47,6 +50,46 @@ def test_drawn_params_and_batches_fit_the_linear_loss(state):
 def test_train_states_have_one_empty_entry_per_algorithm(state):
     assert isinstance(state, TrainState) and state.algorithm_state == ((), (), ())
     assert state.time.updates_skipped is not None and sbfunc.random.is_key(state.key)
+
+
+@PROPS
+@given(train_states(), pytree_batches())
+def test_train_states_and_pytree_batches_fit_together_by_default(state, batch):
+    assert state.params["weight"].shape == (CLASSES, FEATURES)
+    step = sbfunc.make_train_step(linear_loss, sbfunc.optim.sgd(0.1))
+    start = step.init(state.params, state.buffers, key=state.key)
+    new, metrics = step(start, batch)
+    n = sbfunc.batch_size(batch)
+    assert new.time.step == 1 and metrics.samples_backpropagated == n
+    assert not torch.equal(new.params["weight"], state.params["weight"])  # it trained
+    assert torch.equal(state.params["weight"], start.params["weight"])  # purely
+
+
+@PROPS
+@given(train_states(features=None), st.data())
+def test_drawn_feature_counts_still_fit_when_passed_on(state, data):
+    d = state.params["weight"].shape[1]
+    batch = data.draw(pytree_batches(features=d))
+    assert linear_loss(state.params, state.buffers, batch).shape == (sbfunc.batch_size(batch),)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "msg"),
+    [
+        (lambda: pytree_batches(features=0), "features must be an int >= 1"),
+        (lambda: pytree_batches(max_size=0), "max_size must be an int >= 1"),
+        (lambda: train_states(num_algorithms=-1), "num_algorithms must be an int >= 0"),
+        (lambda: states(features=2.0), "features must be an int >= 1"),
+    ],
+)
+def test_strategy_arguments_are_validated(strategy, msg):
+    @settings(max_examples=1, derandomize=True, database=None)
+    @given(strategy())
+    def draw(value):
+        pass  # pragma: no cover - the draw raises
+
+    with pytest.raises((ValueError, TypeError), match=msg):
+        draw()
 
 
 @PROPS
