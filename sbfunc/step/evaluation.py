@@ -13,6 +13,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
 from sbfunc.engine import Carry, Event, State, TrainState, apply_planned
+from sbfunc.engine.writes import EVALUATION
 
 if TYPE_CHECKING:
     from sbfunc.step.train_step import TrainStep
@@ -73,7 +74,7 @@ def _fire_on_batch(
         outputs=outputs,
     )
     carry = Carry.start(state, context, len(planner.leaves))._replace(step_key=base)
-    carry = apply_planned(event, planned, carry, planner.leaves, state.key)
+    carry = apply_planned(event, planned, carry, planner.leaves, state.key, writes=EVALUATION)
     out = carry.context
     new = TrainState(
         out.params, out.buffers, state.key, out.opt_state, carry.algorithm_state, state.time

@@ -176,6 +176,24 @@ def test_outside_a_step_only_persistent_fields_are_kept():
         step.fire(E.EPOCH_END, state)
 
 
+def test_evaluation_keeps_batch_and_outputs_and_refuses_the_loss():
+    model = _model()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+
+    def metrics(params, buffers, batch):
+        return {"loss": loss_fn(params, buffers, batch).mean()}
+
+    def run(alg):
+        step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [alg])
+        state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
+        return sbfunc.fit(step, state, [_batch()], epochs=1, eval_data=[_batch()], eval_fn=metrics)
+
+    halve = Write(E.EVAL_AFTER_FORWARD, "outputs", lambda s: {"loss": s.outputs["loss"] / 2})
+    assert run(halve).evaluations[-1].metrics["loss"] < 1.0  # the outputs are the metrics
+    with pytest.raises(ValueError, match="evaluation reads only the batch and the outputs"):
+        run(Write(E.EVAL_AFTER_FORWARD, "loss", lambda s: torch.ones(())))
+
+
 def test_composer_loss_interpolation_pattern():
     # Composer's MixUp-style algorithms rebuild the loss on AFTER_LOSS from the per-sample
     # losses: a convex combination with a detached term only scales the gradient.
