@@ -20,8 +20,9 @@ Every measurement runs in its own child process (one per variant and phase), so 
 one measurement warms another.
 
 Run: ``python benchmarks/compile_cost.py`` (``--quick``: fewer timing rounds and no mega-cache
-phase; ``--variants plain SB``; ``--threads``, default 2). The cold compiles dominate: a full
-run took 14 minutes on a loaded 2-core machine (``docs/how-to/compile.md`` has its numbers).
+phase; ``--variants plain SB``; ``--threads``, default 2). The cold compiles dominate: a
+``--quick`` run took 5 minutes on a quiet 2-core machine, a full one 14 minutes under load
+(``docs/how-to/compile.md`` has the numbers).
 """
 
 from __future__ import annotations
