@@ -32,6 +32,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc import validation
+from sbfunc.policies.placement import follow, following
 from sbfunc.select import Selection
 
 __all__ = [
@@ -375,9 +376,10 @@ def make_policy(
                 f"scored must be a bool Tensor{list(scores.shape)} like the scores, got "
                 f"{scored.dtype} of shape {tuple(scored.shape)}"
             )
-        return rule(scores, state, SelectArgs(key, ids, epoch, elapsed, scored))
+        return rule(scores, follow(state, scores), SelectArgs(key, ids, epoch, elapsed, scored))
 
-    return Policy(init, select, score_rows, record)
+    # the state follows the data's device (sbfunc.policies.placement): never read on the host
+    return Policy(init, select, following(score_rows, 1), following(record, 2))
 
 
 def stateless(
