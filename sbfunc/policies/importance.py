@@ -159,7 +159,12 @@ def tau_threshold(presample: int, batch: int) -> float:
 
 
 def grad_norm_importance(
-    keep: float, *, smoothing: float = 0.9, switch: bool = True, device: Device = None
+    keep: float,
+    *,
+    smoothing: float = 0.9,
+    switch: bool = True,
+    fixed_size: bool = False,
+    device: Device = None,
 ) -> Policy:
     """Importance sampling proportional to the scores (the logits-gradient norm, see
     :func:`logit_grad_norm`) with unbiased weights, switched on by the variance reduction.
@@ -179,7 +184,10 @@ def grad_norm_importance(
         keep: fraction of draws per batch, in (0, 1].
         smoothing: the moving-average factor ``a_tau`` of ``tau``, in [0, 1).
         switch: use the ``tau`` switch; ``False`` always importance-samples.
-        device: where the state lives (the scores' device).
+        fixed_size: keep exactly ``k`` rows, the ``u`` distinct drawn rows first, then
+            finite undrawn rows with weight 0 (the same estimate; a static shape: no host
+            read of ``u`` and one compiled graph), instead of the ``u`` drawn rows.
+        device: where the state starts (it follows the scores' device).
 
     Raises:
         ValueError, TypeError: for arguments outside those ranges.
@@ -198,6 +206,9 @@ def grad_norm_importance(
     """
     keep = check_keep(keep)
     smoothing = check_fraction(smoothing, "smoothing", open_high=True)
+    for name, flag in (("switch", switch), ("fixed_size", fixed_size)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
 
     def init() -> ImportanceState:
         return ImportanceState(torch.zeros((), device=device))
@@ -220,8 +231,13 @@ def grad_norm_importance(
             uniform = torch.zeros_like(p).index_fill_(0, subset, 1.0)
             counts = torch.where(use, counts, uniform)
             factor = torch.where(use, factor, torch.ones_like(p))
-        kept = counts.nonzero().reshape(-1)  # variable size: the one unavoidable shape read
-        weights = (kept.shape[0] / k) * (counts * factor).index_select(0, kept)
+        if fixed_size:  # drawn rows first, then finite ones, then by position; weight 0
+            rank = 2 * (counts > 0).to(torch.uint8) + scores.isfinite().to(torch.uint8)
+            kept = torch.argsort(rank, descending=True, stable=True)[:k].sort().values
+            weights = torch.where(counts > 0, counts * factor, 0.0).index_select(0, kept)
+        else:
+            kept = counts.nonzero().reshape(-1)  # variable size: a read of the kept count
+            weights = (kept.shape[0] / k) * (counts * factor).index_select(0, kept)
         tau = smoothing * tau + (1 - smoothing) * _reduction(p)
         return Selection(kept, weights), ImportanceState(tau.to(state.tau))
 

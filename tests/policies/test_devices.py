@@ -13,7 +13,7 @@ from sbfunc import random as sbrandom
 from tests.policies.test_registry import POLICIES
 
 META = torch.device("meta")
-SYNC_FREE = {"rank_power", "top_k", "random", "loshchilov", "rho_loss"}
+SYNC_FREE = {"rank_power", "top_k", "random", "loshchilov", "rho_loss", "grad_norm_fixed"}
 # variable-size selections: the one shape read, by file and function
 SYNCS_AT = {
     "jiang": ("policies/base.py", "bernoulli_selection"),

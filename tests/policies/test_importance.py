@@ -71,3 +71,38 @@ def test_switch_stays_uniform_until_tau_exceeds_the_threshold():
     for t in range(10):
         _, state = policy.select(flat, state, key=sbrandom.key(2 + t))
     assert float(state.tau) < tau_threshold(16, 4)  # flat scores bring tau back to ~1
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    scores=st.lists(st.floats(0, 10, width=32), min_size=1, max_size=24),
+    keep=st.sampled_from([0.1, 0.25, 0.5, 1.0]),
+    seed=st.integers(0, 2**16),
+    switch=st.booleans(),
+)
+def test_fixed_size_keeps_k_rows_and_the_same_estimate(scores, keep, seed, switch):
+    s = torch.tensor(scores)
+    losses = torch.linspace(0.5, 3.0, len(scores))
+    key = sbrandom.key(seed)
+    var, _ = grad_norm_importance(keep, switch=switch).select(
+        s, grad_norm_importance(keep).init(), key=key
+    )
+    fix, _ = grad_norm_importance(keep, switch=switch, fixed_size=True).select(
+        s, grad_norm_importance(keep).init(), key=key
+    )
+    k = sbfunc.select.kept_count(len(scores), keep)
+    assert fix.indices.shape == (k,) and bool((fix.indices[1:] > fix.indices[:-1]).all())
+    assert set(var.indices.tolist()) <= set(fix.indices.tolist())  # the drawn rows, then padding
+    padding = ~torch.isin(fix.indices, var.indices)
+    assert bool((fix.weights[padding] == 0).all())
+    estimate_fix = (fix.weights * losses[fix.indices]).mean()
+    estimate_var = (var.weights * losses[var.indices]).mean()
+    assert torch.allclose(estimate_fix, estimate_var, rtol=1e-5)
+
+
+def test_fixed_size_pads_with_finite_rows_first():
+    s = torch.tensor([float("nan"), 0.0, 5.0, 0.0])
+    policy = grad_norm_importance(0.5, switch=False, fixed_size=True)
+    sel, _ = policy.select(s, policy.init(), key=sbrandom.key(0))
+    assert sel.indices.tolist() == [1, 2]  # row 2 drawn (all the mass), row 1 the padding
+    assert sel.weights.tolist()[0] == 0.0
