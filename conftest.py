@@ -30,6 +30,7 @@ SLOW = (
     "mixup_coefficient",
     "tests/distributed/",
     "tests/test_examples.py",
+    "tests/algorithms/test_devices.py",
     "test_kill_resume.py",
     "test_resume.py",
     "test_checkpoint_atomic.py",
