@@ -23,6 +23,7 @@ from typing import Any, TypeVar, cast
 import optree
 import torch
 
+from sbfunc._namespace import api_dir
 from sbfunc.rows import (
     ROWS,
     PerSample,
@@ -398,5 +399,4 @@ def replace(batch: Batch, key: int | str, value: Any) -> Batch:
     return type(batch)(items)  # type: ignore[call-arg]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -83,6 +83,7 @@ import optree
 import torch
 
 from sbfunc import _checkpoint_checks as checks
+from sbfunc._namespace import api_dir
 
 __all__ = ["CheckpointError", "from_state_dict", "load", "save", "to_state_dict"]
 
@@ -361,5 +362,4 @@ def _atomic_write(path: str, write: Callable[[IO[bytes]], None]) -> None:
             os.close(dir_fd)
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

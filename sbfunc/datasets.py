@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._namespace import api_dir
 from sbfunc.validation import check_int
 
 __all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
@@ -178,5 +179,4 @@ def batches(
         yield x[ids], y[ids], ids
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from sbfunc._namespace import api_dir
 from sbfunc.batch import Field, extract
 from sbfunc.module_checks import check_loss_fn, check_target, target_kind
 from sbfunc.module_io import (
@@ -361,5 +362,4 @@ class ModuleLoss:
         )
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

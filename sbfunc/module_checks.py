@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sbfunc._namespace import api_dir
 from sbfunc.validation import check_callable, describe
 
 __all__ = ["TargetKind", "check_loss_fn", "check_state", "check_target", "target_kind"]
@@ -228,8 +229,13 @@ def _given(params: Any, buffers: Any) -> dict[str, tuple[str, torch.Tensor]]:
                 f"{arg} must be a dict of name -> tensor (sbfunc.split_module), got {describe(d)}"
             )
         for k, v in d.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{arg} must be keyed by parameter names (str), got {k!r}")
             if not isinstance(v, torch.Tensor):
-                raise TypeError(f"{arg}[{k!r}] must be a tensor, got {describe(v)}")
+                raise TypeError(
+                    f"{arg} must be a dict of name -> tensor: {arg}[{k!r}] must be a tensor, "
+                    f"got {describe(v)}"
+                )
             given.setdefault(k, (arg, v))
     return given
 
@@ -300,7 +306,8 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
         name: what ``source`` is called in the message (``"module"`` for a module).
 
     Raises:
-        TypeError: if ``params`` or ``buffers`` is not a dict of tensors.
+        TypeError: if ``params`` or ``buffers`` is not a dict of name -> tensor (checked for
+            any ``source``).
         ValueError: naming the missing, unexpected and mismatched-shape entries (at most six
             of each, then how many more) and the fix, :func:`sbfunc.split_module`.
 
@@ -319,10 +326,11 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
     """
     if torch.compiler.is_compiling():
         return
+    given = _given(params, buffers)  # the types, whatever the loss
     module = _module_behind(source)
     if module is None:
         return
-    missing, unexpected, mismatched, kinds = _differences(module, _given(params, buffers))
+    missing, unexpected, mismatched, kinds = _differences(module, given)
     if not (missing or unexpected or mismatched):
         return
     parts = [f"missing {_listed(missing)}"] if missing else []
@@ -337,5 +345,4 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
     )
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from sbfunc._namespace import api_dir
 from sbfunc.module import ModuleLoss, Params
 from sbfunc.module_checks import check_state
 from sbfunc.module_io import module_mode
@@ -145,5 +146,4 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
     return EvalOutputs(outputs, loss_fn.criterion(outputs, batch))
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

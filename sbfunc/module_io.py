@@ -16,6 +16,7 @@ import optree
 import torch
 from torch import nn
 
+from sbfunc._namespace import api_dir
 from sbfunc.batch import Field, extract
 
 __all__ = [
@@ -326,5 +327,4 @@ def mode_dependent(module: nn.Module) -> bool:
     return any(isinstance(m, _MODE_LAYERS) for m in module.modules())
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -17,11 +17,11 @@ Example:
     3
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.engine import ordering as _ordering
 from sbfunc.engine.ordering import *  # noqa: F403  (this module is the public face of it)
 
 __all__ = list(_ordering.__all__)
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

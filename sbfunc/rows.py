@@ -29,6 +29,8 @@ from typing import Any, Final, Union
 import optree
 import torch
 
+from sbfunc._namespace import api_dir
+
 __all__ = ["ROWS", "LeafFilter", "PerSample", "Rows", "check_per_sample", "path_str"]
 
 
@@ -399,5 +401,4 @@ def _match(x: Any, spec: Any, path: tuple[Any, ...]) -> Node:
     return parts
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

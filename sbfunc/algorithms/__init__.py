@@ -1,6 +1,7 @@
 """Training-loop algorithms: Composer's suite in functional form (pure transforms with
 explicit keys, module surgery as ``module -> module`` functions) and their ``Algorithm``s."""
 
+from sbfunc._namespace import api_dir
 from sbfunc.algorithms.alibi import (
     Alibi,
     AlibiMultiheadAttention,
@@ -172,5 +173,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,10 +1,10 @@
 """Compatibility layers for other libraries' APIs."""
 
+from sbfunc._namespace import api_dir
 from sbfunc.compat import composer
 from sbfunc.compat.composer import select_using_loss, should_selective_backprop
 
 __all__ = ["composer", "select_using_loss", "should_selective_backprop"]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

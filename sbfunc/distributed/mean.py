@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from sbfunc._namespace import api_dir
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.distributed.meter import TrafficMeter
 from sbfunc.module import Params
@@ -90,5 +91,4 @@ def mean_across_ranks(
     ).transformation()
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

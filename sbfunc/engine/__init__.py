@@ -9,6 +9,7 @@ both for one event and returns the new :class:`TrainState` with a :class:`Trace`
 application.
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine.combinators import chain, during, every_n_steps, named_chain, on_events, when
 from sbfunc.engine.events import Event
@@ -49,5 +50,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -20,6 +20,7 @@ so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updat
 ``torch.no_grad()`` when the parameters require grad and no gradient through the step is wanted.
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.optim._accumulate import MultiStepsState, multi_steps
 from sbfunc.optim._adam import adam, adamw, decoupled_adamw
 from sbfunc.optim._base import EmptyState, GradientTransformation, apply_updates, chain
@@ -86,5 +87,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

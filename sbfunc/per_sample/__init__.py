@@ -11,6 +11,7 @@ the leading eigenpairs ``ggn_eigen`` (ViViT), for cross-entropy, MSE and binary 
 with logits.
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.per_sample.eigen import GGNEigen, ggn_eigen
 from sbfunc.per_sample.engine import check_subsampling
 from sbfunc.per_sample.fallback import VmapFallbackWarning
@@ -53,5 +54,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -4,6 +4,7 @@ non-finite rule included): the stateless fixed-count rules (:func:`rank_power`, 
 :func:`random_subset`, with :class:`EmptyState`), the stateful ones, and the refill queue.
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.policies.apply import Pruned, apply_policy, score_needed, unscorable_dropped
 from sbfunc.policies.base import (
     EmptyState,
@@ -100,5 +101,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -39,6 +39,7 @@ Example:
     True
 """
 
+from sbfunc._namespace import api_dir
 from sbfunc.random.discrete import categorical, permutation, randint
 from sbfunc.random.gamma import beta, gamma
 from sbfunc.random.keyed_mode import KeyedMode, keyed
@@ -68,5 +69,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,6 +1,7 @@
 """Score: cheap per-sample scores of a whole batch (losses, optionally on downsampled inputs),
 and Selective Backprop's scoring options (:class:`Scoring`)."""
 
+from sbfunc._namespace import api_dir
 from sbfunc.score.downsample import (
     check_downsampled_scoring,
     check_scale_factor,
@@ -20,5 +21,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

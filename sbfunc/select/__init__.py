@@ -1,6 +1,7 @@
 """Select: the selection type, the kept count, ranks and the sampling maths the policies of
 :mod:`sbfunc.policies` are built from (with explicit randomness)."""
 
+from sbfunc._namespace import api_dir
 from sbfunc.select.base import Selection, check_keep, kept_count, nonfinite_lowest, ranks
 from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
 
@@ -15,5 +16,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,5 +1,6 @@
 """Step: the pure training step and the loop helper."""
 
+from sbfunc._namespace import api_dir
 from sbfunc.step.build import make_train_step
 from sbfunc.step.evaluation import Evaluation, evaluate
 from sbfunc.step.gradients import weighted_mean
@@ -23,5 +24,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

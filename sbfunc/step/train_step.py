@@ -145,15 +145,7 @@ class TrainStep(nn.Module):
         from sbfunc.module_checks import check_state
 
         sbrandom.check_key(key, "key")
-        for arg, value in (("params", params), ("buffers", buffers)):
-            if not isinstance(value, dict) or not all(
-                isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
-            ):
-                raise TypeError(
-                    f"{arg} must be a dict of name -> tensor (sbfunc.split_module), got "
-                    f"{type(value).__name__}"
-                )
-        check_state(self.loss_fn, params, buffers)  # host-side names and shapes, no sync
+        check_state(self.loss_fn, params, buffers)  # types, names and shapes on the host
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps", low=1)
         params, buffers, key = self.replicas.share(params, buffers, key)

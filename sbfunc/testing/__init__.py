@@ -31,6 +31,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
     ) from err
 
 import sbfunc.passes  # noqa: F401  (the example above uses sbfunc.passes)
+from sbfunc._namespace import api_dir
 from sbfunc.testing.strategies import (
     CLASSES,
     FEATURES,
@@ -59,5 +60,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir() lists the public API, not the module's imports
-    return sorted(__all__)
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports
