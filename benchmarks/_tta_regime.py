@@ -22,7 +22,7 @@ from _timing import interleaved
 
 
 def measure_regime(
-    loss_fn: sbfunc.ModuleLoss, trainers: dict[str, Any], init: tuple[dict, dict],
+    loss_fn: sbfunc.module.ModuleLoss, trainers: dict[str, Any], init: tuple[dict, dict],
     like: tuple[torch.Tensor, ...], keep: float, *, repeats: int = 7, inner: int = 4,
 ) -> dict[str, Any]:  # fmt: skip
     """Medians (ms) and [min, max] of ``T_full``, ``T_kept``, ``T_score`` and of the SB steps
@@ -31,7 +31,7 @@ def measure_regime(
         return {"note": "no plain step in this process: the regime needs one"}
     n = max(1, int(keep * like[0].shape[0]))
     kept = tuple(t[:n] for t in like)
-    score = torch.compile(lambda p, b, batch: sbfunc.score_losses(loss_fn, p, b, batch))
+    score = torch.compile(lambda p, b, batch: sbfunc.score.score_losses(loss_fn, p, b, batch))
     plain = trainers["plain"]
     states = {}
 

@@ -42,13 +42,13 @@ from torch import nn
 from torch.func import functional_call, grad
 
 import sbfunc
-from sbfunc.engine import Algorithm, Carry, Event, State, apply_planned
-from sbfunc.engine.run import step_key
+from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine.run import Carry, apply_planned, step_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from selection import timeit
 
-BATCH_EVENTS = sbfunc.BATCH_EVENTS
+BATCH_EVENTS = sbfunc.step.BATCH_EVENTS
 
 
 class Trivial(Algorithm):

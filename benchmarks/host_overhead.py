@@ -75,12 +75,12 @@ def sbfunc_algorithms(variant: str, model: nn.Module, classes: int) -> list[sbfu
         return []
     score_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     sb = sbfunc.SelectiveBackprop(
-        start=0.0, end=1.0, keep=KEEP, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score_fn)
+        start=0.0, end=1.0, keep=KEEP, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score_fn)
     )
     if variant == "SB":
         return [sb]
-    return [sb, sbfunc.CutOut(), sbfunc.MixUp(num_classes=classes),
-            sbfunc.LabelSmoothing(num_classes=classes)]  # fmt: skip
+    return [sb, sbfunc.algorithms.CutOut(), sbfunc.algorithms.MixUp(num_classes=classes),
+            sbfunc.algorithms.LabelSmoothing(num_classes=classes)]  # fmt: skip
 
 
 def sbfunc_runner(model: nn.Module, variant: str, classes: int, mode: str) -> Any:

@@ -1,7 +1,7 @@
 """Several compiled steps in one process: does compiling more steps slow the first ones down?
 
 torch.compile caches graphs per code object and checks a frame's cache entries' guards on
-every call. Each :class:`sbfunc.TrainStep` has its own copy of its traced methods, so its
+every call. Each :class:`sbfunc.step.TrainStep` has its own copy of its traced methods, so its
 calls never check another step's entries. This script measures, on the time-to-accuracy
 study's CNN (width 96, batch 256, compiled), a plain step, a Selective Backprop step
 (rank-power, keep 0.5) and the scoring forward, interleaved; then compiles ``--extra`` more
@@ -60,13 +60,13 @@ def main() -> None:
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-3), algs)
         if args.shared:
             for name in ("forward", "core"):
-                setattr(step, name, types.MethodType(getattr(sbfunc.TrainStep, name), step))
+                setattr(step, name, types.MethodType(getattr(sbfunc.step.TrainStep, name), step))
         state = step.init(*init, key=sbfunc.random.key(0), total_steps=64)
         return torch.compile(step), state._replace(time=state.time._replace(elapsed=0.5))
 
     (plain, s0), (sb, s1) = compiled(None), compiled(P.rank_power(0.5))
     states = {"full": s0, "kept": s0, "sb": s1}
-    score = torch.compile(lambda p, b, x: sbfunc.score_losses(loss_fn, p, b, x))
+    score = torch.compile(lambda p, b, x: sbfunc.score.score_losses(loss_fn, p, b, x))
 
     def full() -> None:
         states["full"] = plain(states["full"], batch)[0]

@@ -43,7 +43,7 @@ METHODS = ("plain", "rank_power")
 
 
 def trainers(cfg: tta.Config, d: tta.Data, init: tuple[dict, dict],
-             loss_fn: sbfunc.ModuleLoss) -> dict[str, tta.Trainer]:  # fmt: skip
+             loss_fn: sbfunc.module.ModuleLoss) -> dict[str, tta.Trainer]:  # fmt: skip
     table = tta.methods(cfg, loss_fn, loss_fn)
     steps = cfg.epochs * (cfg.train // cfg.batch)
     out = {}

@@ -76,8 +76,8 @@ def agreement(data: sbfunc.datasets.Split, epochs: int) -> None:
             )
             for b in batches:
                 state = step(state, b[:2])[0]
-        full = sbfunc.score_losses(score_fn, state.params, state.buffers, batch)
-        low = sbfunc.score_losses(
+        full = sbfunc.score.score_losses(score_fn, state.params, state.buffers, batch)
+        low = sbfunc.score.score_losses(
             score_fn, state.params, state.buffers, batch, dtype=torch.bfloat16
         )
         half = full.shape[0] // 2  # 512, fewer with --quick's smaller test split
@@ -112,7 +112,7 @@ def timing(data: sbfunc.datasets.Split, repeats: int, inner: int) -> None:
     params, buffers = state.params, state.buffers
 
     def scorer(**kw: Any) -> Callable[[], torch.Tensor]:
-        return lambda: sbfunc.score_losses(score_fn, params, buffers, full_batch, **kw)
+        return lambda: sbfunc.score.score_losses(score_fn, params, buffers, full_batch, **kw)
 
     fns = {
         "T_full (compiled step, 256 rows)": lambda: step(state, full_batch),

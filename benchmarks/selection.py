@@ -72,7 +72,7 @@ def sbfunc_indices(losses: torch.Tensor, keep: float, key) -> torch.Tensor:
 
 
 def sbfunc_select(x: torch.Tensor, y: torch.Tensor, losses: torch.Tensor, keep: float, key):
-    return sbfunc.take((x, y), sbfunc_indices(losses, keep, key))
+    return sbfunc.batch.take((x, y), sbfunc_indices(losses, keep, key))
 
 
 def synced(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
@@ -133,7 +133,7 @@ def main() -> None:
         return {k: params[k] - 0.01 * grads[k] for k in params}
 
     def score(scale):
-        return sbfunc.score_losses(loss_fn, params, buffers, (x, y), scale_factor=scale)
+        return sbfunc.score.score_losses(loss_fn, params, buffers, (x, y), scale_factor=scale)
 
     key = sbrandom.key(0)
 

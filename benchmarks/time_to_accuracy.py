@@ -138,11 +138,13 @@ class Audit(sbfunc.Algorithm):
         return state.replace(own=(count + mask.index_select(0, state.batch[2]).sum(), mask))
 
 
-def sb(cfg: Config, policy: P.Policy, loss_fn: sbfunc.ModuleLoss, **kw: Any) -> Any:
+def sb(cfg: Config, policy: P.Policy, loss_fn: sbfunc.module.ModuleLoss, **kw: Any) -> Any:
     return sbfunc.SelectiveBackprop(cfg.start, 1.0, interrupt=0, policy=policy, ids=2, **kw)
 
 
-def methods(cfg: Config, loss_fn: sbfunc.ModuleLoss, grad_norm_fn: sbfunc.ModuleLoss) -> dict:
+def methods(
+    cfg: Config, loss_fn: sbfunc.module.ModuleLoss, grad_norm_fn: sbfunc.module.ModuleLoss
+) -> dict:
     """Each method's algorithms (before the audit). RHO-LOSS's table is a placeholder here:
     each run puts its own irreducible losses in the state."""
     k, n = cfg.keep, cfg.train
@@ -183,12 +185,12 @@ class Trainer(NamedTuple):
     """One method: its step (for init and events) and the step that trains (the same compiled
     step; a separate field so that a wrapper can time or count its calls)."""
 
-    step: sbfunc.TrainStep
+    step: sbfunc.step.TrainStep
     compiled: Callable[..., Any]
     compile_s: float
 
 
-def build(cfg: Config, algorithms: list[Any], loss_fn: sbfunc.ModuleLoss,
+def build(cfg: Config, algorithms: list[Any], loss_fn: sbfunc.module.ModuleLoss,
           steps: int) -> Trainer:  # fmt: skip
     """Make a method's step (cosine learning rate to zero over ``steps`` updates), compiled in
     place (``step.compile()``); :func:`warm_up` compiles its graphs."""
@@ -209,7 +211,9 @@ def warm_up(trainer: Trainer, init: tuple[dict, dict], x: torch.Tensor, y: torch
     return trainer._replace(compile_s=time.perf_counter() - t0)
 
 
-def accuracy(eval_fn: sbfunc.ModuleLoss, params: dict, buffers: dict, d: Data) -> torch.Tensor:
+def accuracy(
+    eval_fn: sbfunc.module.ModuleLoss, params: dict, buffers: dict, d: Data
+) -> torch.Tensor:
     with torch.no_grad():
         logits = eval_fn.forward(params, buffers, (d.x_test, d.y_test))
     return (logits.argmax(1) == d.y_test).float().mean()
@@ -245,7 +249,8 @@ def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.
 
 
 def irreducible_losses(
-    cfg: Config, trainer: Trainer, loss_fn: sbfunc.ModuleLoss, init: tuple[dict, dict], d: Data,
+    cfg: Config, trainer: Trainer, loss_fn: sbfunc.module.ModuleLoss, init: tuple[dict, dict],
+    d: Data,
     y_hold: torch.Tensor, y_train: torch.Tensor, seed: int,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
     """RHO-LOSS's irreducible loss per training id: the same CNN trained on the (noisy)
@@ -254,7 +259,7 @@ def irreducible_losses(
     state, curve = train(trainer, state, d.x_hold, y_hold, cfg=cfg, epochs=cfg.il_epochs,
                          key=sbrandom.key(10_000 + seed))  # fmt: skip
     eval_fn = loss_fn.with_train(False)
-    scored = sbfunc.score_losses(eval_fn, state.params, state.buffers, (d.x, y_train))
+    scored = sbfunc.score.score_losses(eval_fn, state.params, state.buffers, (d.x, y_train))
     acc = float(accuracy(eval_fn, state.params, state.buffers, d))
     return scored, {"wall_s": curve[-1][0], "test_acc": acc}
 
@@ -262,7 +267,7 @@ def irreducible_losses(
 def one_run(method: str, trainer: Trainer, init: tuple[dict, dict], x: torch.Tensor,
             y: torch.Tensor, flipped: torch.Tensor, irreducible: torch.Tensor, *, cfg: Config,
             seed: int, noise: float, key: sbrandom.Key, d: Data,
-            eval_fn: sbfunc.ModuleLoss) -> Run:  # fmt: skip
+            eval_fn: sbfunc.module.ModuleLoss) -> Run:  # fmt: skip
     """Train one method from the shared initial weights and summarise the run."""
     state = trainer.step.init(*init, key=sbrandom.fold_in(key, 7))
     own = list(state.algorithm_state)

@@ -1,9 +1,10 @@
-"""Composer-style imperative training: nn.Module + torch.optim + sbfunc.select_using_loss.
+"""Composer-style imperative training: nn.Module + torch.optim + sbfunc.compat.select_using_loss.
 
 Plain PyTorch users keep their loop; the one-line change is pruning each batch with
-``sbfunc.select_using_loss`` (Composer's signature, with an explicit ``torch.Generator``) when
-``sbfunc.should_selective_backprop`` says so. Trains a small CNN on scikit-learn's bundled
-digits, plain vs selective backprop, and prints accuracy and backpropagated samples.
+``sbfunc.compat.select_using_loss`` (Composer's signature, with an explicit
+``torch.Generator``) when ``sbfunc.compat.should_selective_backprop`` says so. Trains a small
+CNN on scikit-learn's bundled digits, plain vs selective backprop, and prints accuracy and
+backpropagated samples.
 
 Run: ``python examples/composer_style.py`` (``--fast`` for a smoke run).
 """
@@ -45,11 +46,11 @@ def train(selective: bool, epochs: int, data: sbfunc.datasets.Split) -> tuple[fl
         time = time._replace(epoch=epoch, batch_in_epoch=0)
         for x, y, _ in sbfunc.datasets.batches(data.x_train, data.y_train, 64, key=key):
             scored = 0
-            if selective and sbfunc.should_selective_backprop(
+            if selective and sbfunc.compat.should_selective_backprop(
                 time.elapsed, time.batch_in_epoch, 0.3, 0.95, 2
             ):
                 scored = x.shape[0]
-                x, y = sbfunc.select_using_loss(
+                x, y = sbfunc.compat.select_using_loss(
                     x, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5, generator=gen
                 )
             opt.zero_grad()

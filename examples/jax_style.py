@@ -60,8 +60,8 @@ def main() -> None:
     # MixUp mixes inputs and targets before the forward, for the first half of training only;
     # label smoothing smooths the targets for the loss and restores them after it.
     targets = sbfunc.chain(
-        sbfunc.during(sbfunc.MixUp(alpha=0.2, num_classes=CLASSES), 0.0, 0.5),
-        sbfunc.LabelSmoothing(0.05, num_classes=CLASSES),
+        sbfunc.during(sbfunc.algorithms.MixUp(alpha=0.2, num_classes=CLASSES), 0.0, 0.5),
+        sbfunc.algorithms.LabelSmoothing(0.05, num_classes=CLASSES),
         name="targets",
     )
     # Across the list, the ordering rule decides (once, when the step is built): CutOut is
@@ -69,7 +69,7 @@ def main() -> None:
     # raw batch and CutOut only augments the kept rows (Composer's FILO pass would have run SB
     # last). The chain's parts appear in the traces as targets/MixUp and targets/LabelSmoothing.
     algorithms = [
-        sbfunc.CutOut(length=0.25),
+        sbfunc.algorithms.CutOut(length=0.25),
         sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2),
         targets,
     ]

@@ -11,8 +11,8 @@ script tests four pieces of *user* code the way sbfunc tests its own:
 2. a custom selection rule (top-k plus one exploratory row): exactly ``kept_count`` unique
    rows, sorted so the batch order is kept, the best rows always in, the same key giving the
    same rows, and only the ranks of the scores mattering;
-3. pruning with ``sbfunc.take`` on any pytree batch: every per-sample leaf keeps the same rows,
-   metadata leaves pass through, the input is untouched;
+3. pruning with ``sbfunc.batch.take`` on any pytree batch: every per-sample leaf keeps the same
+   rows, metadata leaves pass through, the input is untouched;
 4. ``SelectiveBackprop`` driven by that rule on drawn states (what ``apply`` sees): it keeps
    exactly ``kept_count`` rows of every leaf, aligned, counts the scoring forward, leaves its
    key alone and is pure.
@@ -42,8 +42,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc import Algorithm, Event, Selection
+from sbfunc import Algorithm, Event
 from sbfunc.passes import DEFAULT_PASSES, MultipleLossInterpolationWarning, register_pass
+from sbfunc.select import Selection
 from sbfunc.testing import algorithm_lists, events, pytree_batches, states
 
 # ---------------------------------------------------------------- the user's code under test
@@ -167,10 +168,10 @@ def selection_rules(values: list[int], keep: float, seed: int) -> None:
 
 
 def take_keeps_leaves_aligned(batch: object, data: st.DataObject) -> None:
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     indices = data.draw(st.lists(st.integers(0, n - 1), unique=True).map(sorted))
     before = clone_tree(batch)
-    kept = sbfunc.take(batch, torch.tensor(indices, dtype=torch.int64))
+    kept = sbfunc.batch.take(batch, torch.tensor(indices, dtype=torch.int64))
     assert trees_equal(batch, before), "take mutated its input"
     assert optree.tree_structure(kept) == optree.tree_structure(batch)
     for leaf, kept_leaf in zip(optree.tree_leaves(batch), optree.tree_leaves(kept), strict=True):
@@ -186,13 +187,13 @@ def selective_backprop_prunes_every_leaf(state: sbfunc.State, keep: float) -> No
         end=1.0,
         interrupt=0,
         policy=top_k_with_exploration(keep),
-        scoring=sbfunc.Scoring(loss_fn=first_leaf_energy),
+        scoring=sbfunc.score.Scoring(loss_fn=first_leaf_energy),
     )
     before = clone_tree(state)
     new = sb.apply(Event.AFTER_DATALOADER, state)
     assert trees_equal(state, before), "apply mutated the state it was given"
-    n = sbfunc.batch_size(state.batch)
-    assert sbfunc.batch_size(new.batch) == sbfunc.select.kept_count(n, keep)
+    n = sbfunc.batch.batch_size(state.batch)
+    assert sbfunc.batch.batch_size(new.batch) == sbfunc.select.kept_count(n, keep)
     assert_rows_aligned(state.batch, new.batch)
     assert new.samples_scored == state.samples_scored + n, "the scoring forward was not counted"
     assert torch.equal(new.key, state.key), "apply stored a key (draw from state.key, keep none)"

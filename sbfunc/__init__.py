@@ -1,13 +1,20 @@
 """sbfunc: selective backprop and composable training-loop algorithms as pure functions.
 
 The data flow is score -> select -> prune -> step. Every stage is a pure function of explicit
-inputs (parameters, buffers, a pytree batch, a random key); the public namespace is flat.
-Sub-namespaces hold the larger families: :mod:`sbfunc.policies` (selection policies),
-:mod:`sbfunc.per_sample` (per-sample gradients on a subset), :mod:`sbfunc.engine` and
-:mod:`sbfunc.passes` (events, algorithms, ordering), :mod:`sbfunc.optim` (optimizers and
-schedules), :mod:`sbfunc.checkpoint`, :mod:`sbfunc.datasets`, :mod:`sbfunc.random` and
+inputs (parameters, buffers, a pytree batch, a random key). The top level holds the spine: the
+loss (:func:`per_sample_loss`), the step (:func:`make_train_step`, :class:`TrainState`,
+:func:`fit`), :class:`SelectiveBackprop`, :class:`Algorithm` with its events and combinators,
+and the sub-packages: :mod:`sbfunc.algorithms` (Composer's suite), :mod:`sbfunc.policies`
+(selection policies), :mod:`sbfunc.per_sample` (per-sample gradients on a subset),
+:mod:`sbfunc.engine` and :mod:`sbfunc.passes` (events, algorithms, ordering), :mod:`sbfunc.step`,
+:mod:`sbfunc.optim` (optimizers and schedules), :mod:`sbfunc.score`, :mod:`sbfunc.select`,
+:mod:`sbfunc.checkpoint`, :mod:`sbfunc.datasets`, :mod:`sbfunc.random` and
 :mod:`sbfunc.compat`.
 """
+
+import importlib
+import warnings
+from typing import Any
 
 from sbfunc import (
     algorithms,
@@ -22,55 +29,14 @@ from sbfunc import (
     random,
     score,
     select,
+    step,
 )
-from sbfunc.algorithms import (
-    EMA,
-    SAM,
-    SWA,
-    Alibi,
-    AugMix,
-    BlurPool,
-    ChannelsLast,
-    ColOut,
-    CutMix,
-    CutOut,
-    GhostBatchNorm,
-    LabelSmoothing,
-    LayerFreezing,
-    MixUp,
-    ProgressiveResizing,
-    RandAugment,
-    SelectiveBackprop,
-    SeqLengthWarmup,
-    SqueezeExcite,
-    StochasticDepth,
-    apply_alibi,
-    apply_blurpool,
-    apply_channels_last,
-    apply_ghost_batchnorm,
-    apply_squeeze_excite,
-    apply_stochastic_depth,
-    augmix_image,
-    colout_batch,
-    cutmix_batch,
-    cutout_batch,
-    mixup_batch,
-    randaugment_image,
-    resize_batch,
-    sam_gradients,
-    scale_schedule,
-    set_batch_sequence_length,
-    smooth_labels,
-    soft_targets,
-)
-from sbfunc.batch import batch_size, extract, replace, take
-from sbfunc.compat.composer import select_using_loss, should_selective_backprop
+from sbfunc.algorithms import SelectiveBackprop
 from sbfunc.engine import (
     Algorithm,
     Event,
     State,
     Time,
-    Trace,
     TrainState,
     chain,
     during,
@@ -78,98 +44,32 @@ from sbfunc.engine import (
     inject_hyperparams,
     named_chain,
     on_events,
-    run_event,
     when,
 )
-from sbfunc.module import (
-    LossFn,
-    ModuleLoss,
-    Params,
-    per_sample_loss,
-    reduce_per_sample,
-    split_module,
-)
-from sbfunc.module_eval import EvalOutputs, eval_outputs, predict
-from sbfunc.score import Scoring, score_losses
-from sbfunc.select import Selection
-from sbfunc.step import (
-    BATCH_EVENTS,
-    Duration,
-    FitResult,
-    StepMetrics,
-    StepPlan,
-    TrainStep,
-    fit,
-    make_train_step,
-    weighted_mean,
-)
+from sbfunc.module import per_sample_loss, split_module
+from sbfunc.module_eval import predict
+from sbfunc.step import fit, make_train_step
 
 __version__ = "0.3.1"
 
 __all__ = [
-    "BATCH_EVENTS",
-    "EMA",
-    "SAM",
-    "SWA",
     "Algorithm",
-    "Alibi",
-    "AugMix",
-    "BlurPool",
-    "ChannelsLast",
-    "ColOut",
-    "CutMix",
-    "CutOut",
-    "Duration",
-    "EvalOutputs",
     "Event",
-    "FitResult",
-    "GhostBatchNorm",
-    "LabelSmoothing",
-    "LayerFreezing",
-    "LossFn",
-    "MixUp",
-    "ModuleLoss",
-    "Params",
-    "ProgressiveResizing",
-    "RandAugment",
-    "Scoring",
-    "Selection",
     "SelectiveBackprop",
-    "SeqLengthWarmup",
-    "SqueezeExcite",
     "State",
-    "StepMetrics",
-    "StepPlan",
-    "StochasticDepth",
     "Time",
-    "Trace",
     "TrainState",
-    "TrainStep",
     "algorithms",
-    "apply_alibi",
-    "apply_blurpool",
-    "apply_channels_last",
-    "apply_ghost_batchnorm",
-    "apply_squeeze_excite",
-    "apply_stochastic_depth",
-    "augmix_image",
-    "batch_size",
     "chain",
     "checkpoint",
-    "colout_batch",
     "compat",
-    "cutmix_batch",
-    "cutout_batch",
     "datasets",
     "during",
     "engine",
-    "eval_outputs",
     "every_n_steps",
-    "extract",
     "fit",
     "inject_hyperparams",
     "make_train_step",
-    "mixup_batch",
     "named_chain",
     "on_events",
     "optim",
@@ -178,35 +78,65 @@ __all__ = [
     "per_sample_loss",
     "policies",
     "predict",
-    "randaugment_image",
     "random",
-    "reduce_per_sample",
-    "replace",
-    "resize_batch",
-    "run_event",
-    "sam_gradients",
-    "scale_schedule",
     "score",
-    "score_losses",
     "select",
-    "select_using_loss",
-    "set_batch_sequence_length",
-    "should_selective_backprop",
-    "smooth_labels",
-    "soft_targets",
     "split_module",
-    "take",
-    "weighted_mean",
+    "step",
     "when",
 ]
 
 
-# The documented submodules outside __all__, listed by dir() once imported (sbfunc.testing
-# needs hypothesis, sbfunc.distributed is imported on demand)
+# The documented modules outside __all__, listed by dir() once imported (sbfunc.testing needs
+# hypothesis, sbfunc.distributed is imported on demand)
 _NAMESPACES = frozenset(
-    {"batch", "distributed", "module", "module_checks", "module_eval", "module_io", "rows"}
-    | {"step", "testing"}
+    {"batch", "distributed", "module", "module_eval", "module_io", "rows", "testing"}
 )
+
+# The top-level names of 0.3 that moved to their home module: old name -> "module:Name".
+# Each stays one release as a deprecated alias (module __getattr__ below); removed in 1.1.
+_MOVED: dict[str, str] = {
+    old: f"{home}:{old}"
+    for home, names in {
+        "sbfunc.algorithms": (
+            "EMA", "SAM", "SWA", "Alibi", "AugMix", "BlurPool", "ChannelsLast", "ColOut",
+            "CutMix", "CutOut", "GhostBatchNorm", "LabelSmoothing", "LayerFreezing", "MixUp",
+            "ProgressiveResizing", "RandAugment", "SeqLengthWarmup", "SqueezeExcite",
+            "StochasticDepth", "apply_alibi", "apply_blurpool", "apply_channels_last",
+            "apply_ghost_batchnorm", "apply_squeeze_excite", "apply_stochastic_depth",
+            "augmix_image", "colout_batch", "cutmix_batch", "cutout_batch", "mixup_batch",
+            "randaugment_image", "resize_batch", "sam_gradients", "scale_schedule",
+            "set_batch_sequence_length", "smooth_labels", "soft_targets",
+        ),
+        "sbfunc.compat": ("select_using_loss", "should_selective_backprop"),
+        "sbfunc.batch": ("batch_size", "extract", "replace", "take"),
+        "sbfunc.score": ("Scoring", "score_losses"),
+        "sbfunc.select": ("Selection",),
+        "sbfunc.step": (
+            "BATCH_EVENTS", "Duration", "FitResult", "StepMetrics", "StepPlan", "TrainStep",
+            "weighted_mean",
+        ),
+        "sbfunc.engine": ("Trace", "run_event"),
+        "sbfunc.module": ("LossFn", "ModuleLoss", "Params", "reduce_per_sample"),
+        "sbfunc.module_eval": ("EvalOutputs", "eval_outputs"),
+    }.items()
+    for old in names
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    """A deprecated alias of 0.3 (``sbfunc.MixUp``): warn, then return the name from its home
+    (``sbfunc.algorithms.MixUp``). Not listed by ``dir()`` nor ``__all__``."""
+    target = _MOVED.get(name)
+    if target is None:
+        raise AttributeError(f"module 'sbfunc' has no attribute {name!r}")
+    module, _, attr = target.partition(":")
+    warnings.warn(
+        f"sbfunc.{name} moved to {module}.{attr}; the alias will be removed in 1.1",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), attr)
 
 
 def __dir__() -> list[str]:  # dir(sbfunc): the API and the imported documented submodules

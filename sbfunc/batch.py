@@ -27,7 +27,6 @@ from sbfunc._namespace import api_dir
 from sbfunc.rows import (
     ROWS,
     PerSample,
-    check_per_sample,
     ndarray_type,
     path_str,
     rebuild_sequence,
@@ -39,11 +38,8 @@ __all__ = [
     "Field",
     "PerSample",
     "batch_size",
-    "check_per_sample",
-    "check_same_spec",
     "extract",
     "replace",
-    "strings_as_row_indices",
     "take",
 ]
 
@@ -65,13 +61,12 @@ def per_sample_sizes(batch: Any, per_sample: PerSample = None) -> dict[str, int]
         optree ``tree_flatten_with_path``; Equinox ``filter_spec``.
     """
     sizes: dict[str, int] = {}
-
-    def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
-        if size is not None:
-            sizes[path_str(path)] = size
-        return leaf
-
-    walk(batch, per_sample, visit, rebuild=False)
+    walk(
+        batch,
+        per_sample,
+        lambda p, _, n: n is None or sizes.update({path_str(p): n}),
+        rebuild=False,
+    )
     return sizes
 
 
@@ -113,13 +108,13 @@ def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
 
     Example:
         >>> batch = {"x": torch.zeros(4, 3), "y": torch.zeros(4), "text": ["a", "b", "c", "d"]}
-        >>> sbfunc.batch_size(batch)
+        >>> sbfunc.batch.batch_size(batch)
         4
-        >>> sbfunc.batch_size({**batch, "w": torch.ones(3)})
+        >>> sbfunc.batch.batch_size({**batch, "w": torch.ones(3)})
         Traceback (most recent call last):
         ...
         ValueError: batch leaves disagree on the leading (sample) dimension: batch['x']: 4, ...
-        >>> sbfunc.batch_size({**batch, "w": torch.ones(3)}, per_sample={"w": False})
+        >>> sbfunc.batch.batch_size({**batch, "w": torch.ones(3)}, per_sample={"w": False})
         4
 
     References:
@@ -204,14 +199,14 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
     Example:
         >>> batch = {"x": torch.arange(6.).reshape(3, 2), "y": torch.tensor([0, 1, 2]),
         ...          "text": ["a", "b", "c"], "split": "train"}
-        >>> sbfunc.take(batch, torch.tensor([0, 2]))
+        >>> sbfunc.batch.take(batch, torch.tensor([0, 2]))
         {'x': tensor([[0., 1.], [4., 5.]]), 'y': tensor([0, 2]), 'text': ['a', 'c'],
          'split': 'train'}
 
         A ``[C]`` class-weight tensor with ``C == N`` only looks per-sample; say so:
 
         >>> batch = {"x": torch.zeros(3, 2), "class_weight": torch.tensor([1.0, 2.0, 3.0])}
-        >>> sbfunc.take(batch, torch.tensor([1]), per_sample={"class_weight": False})
+        >>> sbfunc.batch.take(batch, torch.tensor([1]), per_sample={"class_weight": False})
         {'x': tensor([[0., 0.]]), 'class_weight': tensor([1., 2., 3.])}
 
     References:
@@ -254,7 +249,7 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
     what ``default_collate`` makes of a text field) replaced by its row indices, an int64
     ``arange(N)`` on the device of the batch's first tensor; other leaves are kept as they are.
 
-    The compiled step applies it on the host before tracing (see :class:`sbfunc.TrainStep`):
+    The compiled step applies it on the host before tracing (see :class:`sbfunc.step.TrainStep`):
     ``torch.compile`` guards on every string of a list it traces, so a text field would
     recompile the step on every batch, while an index tensor is pruned with the rows inside the
     graph like any other leaf. Strings cannot enter a compiled graph anyway, and code that reads
@@ -272,8 +267,7 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
     if per_sample is None and _flat_tensors(batch) >= 0:
         return batch
     found: list[bool] = []
-    leaves: list[Any] = optree.tree_leaves(cast(Any, batch))
-    tensors = [x for x in leaves if isinstance(x, torch.Tensor)]
+    tensors = [x for x in optree.tree_leaves(cast(Any, batch)) if isinstance(x, torch.Tensor)]
     device = tensors[0].device if tensors else torch.device("cpu")
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
@@ -299,7 +293,7 @@ def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:
         ValueError: naming the first algorithm whose spec differs, and both specs.
 
     Example:
-        >>> scoring = sbfunc.Scoring(loss_fn=lambda p, b, x: x)
+        >>> scoring = sbfunc.score.Scoring(loss_fn=lambda p, b, x: x)
         >>> sb = sbfunc.SelectiveBackprop(per_sample={"w": False}, scoring=scoring)
         >>> sbfunc.batch.check_same_spec({"w": False}, [sbfunc.chain(sb)])
         >>> sbfunc.batch.check_same_spec(None, [sb])
@@ -334,7 +328,7 @@ def extract(batch: Any, key: Field, what: str = "key") -> Any:
     a namedtuple field), and a callable is applied to the batch.
 
     Example:
-        >>> sbfunc.extract({"image": 1, "label": 2}, "label")
+        >>> sbfunc.batch.extract({"image": 1, "label": 2}, "label")
         2
 
     References:
@@ -376,7 +370,7 @@ def replace(batch: Batch, key: int | str, value: Any) -> Batch:
     mappings (a ``dict`` copy is returned for any mapping) or a field name of a namedtuple.
 
     Example:
-        >>> sbfunc.replace((1, 2), 1, 5), sbfunc.replace({"x": 1}, "x", 0)
+        >>> sbfunc.batch.replace((1, 2), 1, 5), sbfunc.batch.replace({"x": 1}, "x", 0)
         ((1, 5), {'x': 0})
 
     References:

@@ -21,20 +21,14 @@ What :func:`load` checks, in order; any failure raises :class:`CheckpointError` 
    other leaf has the template's type (a time counter may hold any ``int``). Every mismatch is
    listed (up to 20) with its path.
 
-The digest detects accidental damage: truncation, flipped bits, a file half-overwritten by
-another program. It is not a signature: whoever can write the file can recompute it. Bytes
-that torch never reads (zip padding, the archive's serialisation id) are outside it, so such a
-flip still loads, and loads the exact state that was saved. Hashing reads every byte once at
-save and once at load (roughly a second per GB on one CPU core). The template's leaf values and
-devices are ignored; tensors come back on the device they were saved from, or
-``map_location``.
+The digest detects accidental damage (truncation, flipped bits, a file half-overwritten by
+another program); it is not a signature. The template's leaf values and devices are ignored;
+tensors come back on the device they were saved from, or ``map_location``.
 
-:func:`save` to a path is atomic: it writes a temporary file ``.NAME.<random>.tmp`` in the same
-folder, flushes and ``fsync``-s it, renames it over ``NAME`` with ``os.replace``, then
-``fsync``-s the folder where the OS allows it. If the save raises or the process dies, ``NAME``
-holds either the previous checkpoint or the new one, complete. A hard kill (``SIGKILL``, power
-loss) can leave the temporary file behind; it is safe to delete. Saving to a file object simply
-writes to it.
+:func:`save` to a path is atomic: if the save raises or the process dies, ``NAME`` holds either
+the previous checkpoint or the new one, complete (a hard kill can leave a temporary
+``.NAME.<random>.tmp`` behind; it is safe to delete). Saving to a file object simply writes to
+it. What the digest covers and how the atomic write works: ``docs/how-to/failures.md``.
 
 The format is ``sbfunc.checkpoint/2``. Version-1 files (no digest, no node record) still load,
 with a warning: their integrity is not checked and a structure mismatch prints both structures

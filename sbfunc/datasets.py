@@ -24,7 +24,9 @@ __all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
 
 class Split(NamedTuple):
     """Train and test tensors: ``x_*`` are ``[N, 1, L]`` (mnist1d) or ``[N, 1, 8, 8]``
-    (digits) float32, ``y_*`` are ``[N]`` int64 labels.
+    (digits) float32, ``y_*`` are ``[N]`` int64 labels. It unpacks in MNIST-1D's order,
+    ``x_train, y_train, x_test, y_test`` (scikit-learn's ``train_test_split`` returns
+    ``X_train, X_test, y_train, y_test``, another order).
 
     Example:
         >>> x, y = torch.zeros(10, 1, 4), torch.arange(10) % 2
@@ -32,11 +34,6 @@ class Split(NamedTuple):
         >>> data.x_train.shape, data.y_test
         (torch.Size([8, 1, 4]), tensor([0, 1]))
         >>> x_train, y_train, x_test, y_test = data
-
-    References:
-        Greydanus 2020, "Scaling down Deep Learning" (MNIST-1D's ``x``, ``y``, ``x_test``,
-        ``y_test``); scikit-learn ``train_test_split`` (which returns ``X_train, X_test,
-        y_train, y_test``, another order).
     """
 
     x_train: torch.Tensor
@@ -165,10 +162,6 @@ def batches(
         >>> x, y = torch.randn(10, 3), torch.arange(10)
         >>> [b[2].shape[0] for b in sbfunc.datasets.batches(x, y, 4, key=sbfunc.random.key(0))]
         [4, 4]
-
-    References:
-        PyTorch ``DataLoader(shuffle=True, drop_last=...)`` (``drop_last=False`` by default
-        there); JAX ``jax.random.permutation`` (an epoch's order drawn from a key).
     """
     check_int(batch_size, "batch_size", low=1)
     n = x.shape[0]

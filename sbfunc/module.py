@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ from sbfunc.module_io import (
     read_inputs,
     select_output,
 )
+from sbfunc.types import LossFn, Params
 
 __all__ = [
     "Inputs",
@@ -46,17 +47,9 @@ __all__ = [
     "split_module",
 ]
 
-Params = dict[str, torch.Tensor]
-
 Train = bool | None | Literal["auto"]
 """The module mode of a :class:`ModuleLoss`: ``True`` (train), ``False`` (eval), ``None`` (the
 module's own mode at call time) or ``"auto"`` (eval when called, train in the training step)."""
-
-
-class LossFn(Protocol):
-    """A pure per-sample loss function: ``(params, buffers, batch) -> Tensor[N]``."""
-
-    def __call__(self, params: Params, buffers: Params, batch: Any, /) -> torch.Tensor: ...
 
 
 def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Params]:
@@ -101,7 +94,7 @@ def reduce_per_sample(losses: torch.Tensor, n: int | None = None) -> torch.Tenso
             leading dimension is not ``n``.
 
     Example:
-        >>> sbfunc.reduce_per_sample(torch.tensor([[1.0, 3.0], [2.0, 2.0]]))
+        >>> sbfunc.module.reduce_per_sample(torch.tensor([[1.0, 3.0], [2.0, 2.0]]))
         tensor([2., 2.])
 
     References:
@@ -197,9 +190,9 @@ def per_sample_loss(
     the logits (``output=0`` for a tuple).
 
     Args:
-        module: the model. The step, :func:`sbfunc.predict`, :func:`sbfunc.eval_outputs` and
-            the per-sample transforms check the dicts they are given against it (names and
-            shapes: :func:`sbfunc.module_checks.check_state`).
+        module: the model. The step, :func:`sbfunc.predict`,
+            :func:`sbfunc.module_eval.eval_outputs` and the per-sample transforms check the dicts
+            they are given against it (names and shapes: :func:`sbfunc.module_checks.check_state`).
         criterion: ``criterion(logits, targets)``. An ``nn.Module`` loss must have
             ``reduction='none'``; a function that accepts ``reduction`` (such as
             ``torch.nn.functional.cross_entropy``) is called with ``reduction='none'``.

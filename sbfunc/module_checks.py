@@ -90,9 +90,6 @@ def check_loss_fn(loss_fn: T, name: str = "loss_fn") -> T:
         Traceback (most recent call last):
         ...
         TypeError: loss_fn must be a per-sample loss function ..., got the module Linear; ...
-
-    References:
-        PyTorch ``torch.func.functional_call`` (why a loss is a function of the parameters).
     """
     if torch.compiler.is_compiling():  # checked eagerly where it was given: nothing to trace
         return loss_fn
@@ -144,9 +141,6 @@ def target_kind(criterion: Callable[..., torch.Tensor]) -> TargetKind:
         >>> from sbfunc.module_checks import target_kind
         >>> target_kind(torch.nn.functional.cross_entropy), target_kind(torch.nn.MSELoss())
         ('classes', None)
-
-    References:
-        PyTorch ``torch.nn.functional`` losses and their target dtypes.
     """
     raw = criterion.func if isinstance(criterion, functools.partial) else criterion
     if _is(raw, _CLASS_CRITERIA):
@@ -179,9 +173,6 @@ def check_target(kind: TargetKind, outputs: Any, target: Any) -> None:
         Traceback (most recent call last):
         ...
         TypeError: target must be int64 class indices ...; convert it with .long(), ...
-
-    References:
-        PyTorch ``torch.nn.functional.cross_entropy`` (class indices or probabilities).
     """
     if kind is None or not isinstance(target, torch.Tensor):
         return
@@ -296,11 +287,11 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
     other dtypes (mixed precision) and devices; a tied tensor under any of its names; a
     parameter passed in ``buffers`` (held constant) and the other way round; a non-persistent
     buffer left out (not state: the module's own is used). A plain loss function with no module
-    behind it (anything but a :class:`~sbfunc.ModuleLoss`) is not checked.
+    behind it (anything but a :class:`~sbfunc.module.ModuleLoss`) is not checked.
 
     Args:
-        source: a :class:`~sbfunc.ModuleLoss` (its ``module`` is compared), an ``nn.Module``,
-            or any other loss function (nothing is checked).
+        source: a :class:`~sbfunc.module.ModuleLoss` (its ``module`` is compared), an
+            ``nn.Module``, or any other loss function (nothing is checked).
         params: the parameter dict given with it.
         buffers: the buffer dict given with it.
         name: what ``source`` is called in the message (``"module"`` for a module).
@@ -319,10 +310,6 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
         ...
         ValueError: params do not match the module behind loss_fn (Linear): shape mismatch
         {'bias': (2,) given, (3,) expected}; build them from this module with ...
-
-    References:
-        PyTorch ``torch.func.functional_call`` (``strict=False`` ignores unknown names) and
-        ``nn.Module.load_state_dict`` (its missing / unexpected keys and size mismatches).
     """
     if torch.compiler.is_compiling():
         return

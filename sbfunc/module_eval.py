@@ -84,7 +84,7 @@ class EvalOutputs(NamedTuple):
         losses: the per-sample losses ``[N]``.
 
     Example:
-        >>> out = sbfunc.EvalOutputs(torch.zeros(2, 3), torch.ones(2))
+        >>> out = sbfunc.module_eval.EvalOutputs(torch.zeros(2, 3), torch.ones(2))
         >>> out.losses
         tensor([1., 1.])
 
@@ -106,7 +106,7 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
     :func:`sbfunc.fit`) and wherever eval-mode losses and logits are both needed.
 
     Args:
-        loss_fn: a :class:`~sbfunc.ModuleLoss` from :func:`sbfunc.per_sample_loss`.
+        loss_fn: a :class:`~sbfunc.module.ModuleLoss` from :func:`sbfunc.per_sample_loss`.
         params: parameter dict, e.g. ``state.params``.
         buffers: buffer dict, e.g. ``state.buffers``; never modified.
         batch: any pytree batch the loss reads.
@@ -115,7 +115,7 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
         :class:`EvalOutputs` ``(outputs, losses)``.
 
     Raises:
-        TypeError: if ``loss_fn`` is not a :class:`~sbfunc.ModuleLoss` (a hand-written loss
+        TypeError: if ``loss_fn`` is not a :class:`~sbfunc.module.ModuleLoss` (a hand-written loss
             function has no separate logits nor a mode to set).
         ValueError: if ``params``/``buffers`` do not match ``loss_fn.module`` (names and
             shapes, as for :func:`predict`).
@@ -125,7 +125,7 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
         >>> params, buffers = sbfunc.split_module(model, clone=True)
         >>> batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
-        >>> out = sbfunc.eval_outputs(loss_fn, params, buffers, batch)
+        >>> out = sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)
         >>> accuracy = (out.outputs.argmax(1) == batch[1]).float().mean()
         >>> out.losses.shape, bool(torch.equal(out.losses, loss_fn.with_train(False)(
         ...     params, buffers, batch)))

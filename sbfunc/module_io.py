@@ -22,13 +22,8 @@ from sbfunc.batch import Field, extract
 __all__ = [
     "Inputs",
     "Output",
-    "check_inputs",
-    "check_output",
     "draws_randomness",
     "mode_dependent",
-    "module_mode",
-    "read_inputs",
-    "select_output",
 ]
 
 Inputs = Union[  # noqa: UP007 (evaluated at runtime on Python 3.10)
@@ -223,7 +218,7 @@ def read_inputs(batch: Any, input: Inputs) -> tuple[tuple[Any, ...], dict[str, A
 
     Raises:
         KeyError, IndexError, TypeError: for a field the batch lacks (see
-            :func:`sbfunc.extract`: the message lists the available keys).
+            :func:`sbfunc.batch.extract`: the message lists the available keys).
 
     Example:
         >>> from sbfunc.module_io import read_inputs

@@ -1,30 +1,23 @@
 """Which leaves of a batch are per-sample *rows*: the default rule and the ``per_sample`` spec.
 
-A leaf is *per-sample* when it holds one entry per sample along its first axis:
-
-* a tensor or NumPy array of rank >= 1 (its rows ``x[i]``);
-* a *row sequence*: a plain ``list`` or ``tuple`` (not a namedtuple) that holds no tensor or
-  array of rank >= 1 anywhere inside, such as the list of strings
-  ``torch.utils.data.default_collate`` makes of a string field, a tuple of ids from
-  ``zip(*samples)``, or a list of per-sample dicts of Python values. Its entries are its rows.
-
-A ``list``/``tuple`` that holds a tensor or array of rank >= 1 is a pytree *node* (so an
-``(x, y)`` batch is two leaves), as are mappings (``dict`` and its subclasses, ``UserDict``,
-Hugging Face ``BatchEncoding``), namedtuples and optree-registered nodes. Everything else (0-d
-tensors and arrays, scalars, strings, ``None``, other objects) is batch-wide metadata.
-
-The rule is a default: every per-sample leaf must agree on the sample count ``N``, and when they
-do not :func:`sbfunc.batch_size` raises instead of guessing. A ``per_sample`` *spec* (a pytree
-prefix of the batch, as in Equinox's ``filter_spec``) says explicitly which leaves are rows; see
-:data:`PerSample`.
+By default a leaf is per-sample when it holds one entry per sample along its first axis: a
+tensor or NumPy array of rank >= 1, or a *row sequence*, a plain ``list``/``tuple`` (not a
+namedtuple) holding no tensor or array of rank >= 1 anywhere inside (the list of strings
+``default_collate`` makes of a text field, a tuple of ids, a list of per-sample dicts of Python
+values). A list/tuple holding such a tensor is a pytree node (``(x, y)`` is two leaves), as are
+mappings (``dict``, ``UserDict``, ``BatchEncoding``...), namedtuples and optree nodes; anything
+else (0-d tensors, scalars, strings, ``None``) is batch-wide metadata. Per-sample leaves must
+agree on ``N``; a ``per_sample`` spec (:data:`PerSample`) says which leaves are rows where the
+default guesses wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Union
+from typing import Any, Final, Union, cast
 
 import optree
 import torch
@@ -47,9 +40,9 @@ class Rows:
 
 
 ROWS: Final = Rows()
-"""Spec marker: the value at this position has one entry per sample along its first axis and is
-indexed as a whole: a list/tuple of ``N`` items of any kind (a list of per-image target dicts of
-tensors, ragged tensors), a tensor or an array. Use it where the default rule would see a node."""
+"""Spec marker: the value here has one entry per sample along its first axis and is indexed as
+a whole: a list/tuple of ``N`` items of any kind (per-image target dicts, ragged tensors), a
+tensor or an array. Use it where the default rule would see a node."""
 
 LeafFilter = Callable[[tuple[Any, ...], Any], bool]
 """``(path, leaf) -> bool``: whether a leaf is per-sample; ``path`` is the tuple of keys from the
@@ -64,8 +57,8 @@ PerSample = Union[  # noqa: UP007 (a recursive alias evaluated at runtime)
     list["PerSample"],
     tuple["PerSample", ...],
 ]
-"""Which leaves of a batch are per-sample: a pytree prefix of the batch whose entries apply to
-the whole subtree below them.
+"""Which leaves of a batch are per-sample: a pytree prefix of the batch (Equinox's
+``filter_spec``) whose entries apply to the whole subtree below them.
 
 * ``None``: infer with the default rule (module docstring);
 * ``True``: every leaf below is per-sample (a leaf without a leading axis is an error);
@@ -79,6 +72,15 @@ Example: ``{"class_weight": False}`` declares a ``[C]`` tensor that happens to h
 entries as metadata, ``{"targets": ROWS}`` a list of per-image dicts of tensors as per-sample.
 """
 
+NAMESPACE: Final = "sbfunc.rows"
+"""sbfunc's optree namespace: dicts keep insertion order, and the mapping and list/tuple types
+optree does not know (``UserDict``, ``BatchEncoding``...) become nodes in it when first seen."""
+_ORDERED = optree.dict_insertion_ordered(True, namespace=NAMESPACE)
+_ORDERED.__enter__()  # for good: the namespace is sbfunc's own
+_KNOWN: set[type] = set()
+Visit = Callable[[tuple[Any, ...], Any, int | None], Any]
+"""``visit(path, leaf, size)``: called on every leaf; ``size`` is ``None`` for metadata."""
+
 
 class _Attr(str):
     """A path entry naming a namedtuple field (shown as ``.name``)."""
@@ -87,16 +89,7 @@ class _Attr(str):
 
 
 def path_str(path: tuple[Any, ...]) -> str:
-    """Render a path of keys as ``batch['x'][0].field``.
-
-    Example:
-        >>> from sbfunc.rows import path_str
-        >>> path_str(("inputs", 0))
-        "batch['inputs'][0]"
-
-    References:
-        optree ``tree_flatten_with_path`` paths; JAX ``keystr``.
-    """
+    """Render a path of keys: ``path_str(("inputs", 0)) == "batch['inputs'][0]"``."""
     return "batch" + "".join(f".{p}" if isinstance(p, _Attr) else f"[{p!r}]" for p in path)
 
 
@@ -106,81 +99,83 @@ def ndarray_type() -> type | None:
     return None if np is None else np.ndarray
 
 
-_SCALARS = (str, bytes, int, float, complex, bool, type(None))
-_LEAVES = (*_SCALARS, torch.Tensor)
+def rebuild_sequence(x: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
+    """A list/tuple of ``items`` of ``x``'s type (its base type when that cannot be built from a
+    list); namedtuples are built field by field."""
+    return type(x)(*items) if hasattr(x, "_fields") else _sequence(type(x), None, items)
 
 
-def _holds_array(x: Any, nd: type | None) -> bool:
-    if isinstance(x, _SCALARS):
+def _sequence(cls: type, _: None, items: list[Any]) -> Any:
+    try:
+        return cls(items)
+    except TypeError:
+        return list(items) if issubclass(cls, list) else tuple(items)
+
+
+def _mapping(cls: type, keys: tuple[Any, ...], children: list[Any]) -> Any:
+    items = dict(zip(keys, children, strict=True))
+    try:  # UserDict, MappingProxyType, BatchEncoding...; a plain dict if cls(dict) fails
+        return cls(items)
+    except TypeError:
+        return items
+
+
+def _flat_mapping(m: Mapping[Any, Any]) -> tuple[list[Any], tuple[Any, ...], tuple[Any, ...]]:
+    return [m[k] for k in m], tuple(m), tuple(m)
+
+
+@torch.compiler.assume_constant_result  # runs at trace time, outside the graph
+def _register(cls: type) -> bool:
+    """Make a mapping or list/tuple type optree does not know a node of :data:`NAMESPACE`, once
+    (the ``is_leaf`` hooks call it before optree looks a type up). Returns ``False``."""
+    if cls in _KNOWN:
         return False
-    if isinstance(x, torch.Tensor):
-        return x.dim() > 0
-    if nd is not None and isinstance(x, nd):
-        return x.ndim > 0  # type: ignore[attr-defined]
-    if isinstance(x, list | tuple):
-        return any(_holds_array(v, nd) for v in x)
-    if isinstance(x, Mapping):
-        return any(_holds_array(v, nd) for v in x.values())
-    if optree.tree_is_leaf(x):
-        return False
-    return any(_holds_array(v, nd) for v in optree.tree_flatten_one_level(x).children)
+    known = optree.register_pytree_node.get(cls, namespace=NAMESPACE)
+    if known is None and issubclass(cls, Mapping | list | tuple):
+        mapping = issubclass(cls, Mapping)
+        flat: Any = _flat_mapping if mapping else lambda s: (list(s), None)
+        unflat = functools.partial(_mapping if mapping else _sequence, cls)
+        with contextlib.suppress(ValueError):  # registered meanwhile by another thread
+            optree.register_pytree_node(cls, flat, unflat, namespace=NAMESPACE)
+    _KNOWN.add(cls)
+    return False
+
+
+def _node(x: Any) -> bool:
+    return _register(type(x))
+
+
+def _array_types() -> tuple[type[Any], ...]:
+    return (torch.Tensor, ndarray_type() or torch.Tensor)
 
 
 def is_row_sequence(x: Any) -> bool:
-    """Whether ``x`` is a row sequence: a list/tuple, not a namedtuple, holding no tensor or
-    array of rank >= 1 (see the module docstring).
+    """Whether ``x`` is a row sequence (module docstring): ``["a", "b"]`` is one;
+    ``(torch.zeros(2), "m")`` (it holds an array) and namedtuples are not."""
+    if not isinstance(x, list | tuple) or hasattr(x, "_fields"):
+        return False
+    arrays = _array_types()
+    leaves = optree.tree_iter(cast(Any, x), _node, none_is_leaf=True, namespace=NAMESPACE)
+    return not any(isinstance(v, arrays) and v.ndim > 0 for v in leaves)
 
-    Example:
-        >>> from sbfunc.rows import is_row_sequence
-        >>> is_row_sequence(["a", "b"]), is_row_sequence((torch.zeros(2), torch.ones(2)))
-        (True, False)
 
-    References:
-        PyTorch ``torch.utils.data.default_collate`` (strings become a list per batch).
-    """
-    return (
-        isinstance(x, list | tuple)
-        and not hasattr(x, "_fields")
-        and not _holds_array(x, ndarray_type())
-    )
+def _is_leaf(x: Any) -> bool:
+    return _register(type(x)) or is_row_sequence(x)
 
 
 def leading_size(x: Any) -> int | None:
-    """The sample count of a per-sample leaf under the default rule, ``None`` for metadata.
-
-    Example:
-        >>> from sbfunc.rows import leading_size
-        >>> leading_size(torch.zeros(3, 2)), leading_size(["a"]), leading_size(torch.tensor(1.0))
-        (3, 1, None)
-
-    References:
-        MosaicML Composer ``DataSpec.get_num_samples_in_batch`` (dim 0 of the tensors).
-    """
-    if isinstance(x, torch.Tensor):
-        return x.shape[0] if x.dim() else None
-    nd = ndarray_type()
-    if nd is not None and isinstance(x, nd):
-        return x.shape[0] if x.ndim else None  # type: ignore[attr-defined]
+    """The sample count of a leaf under the default rule (dim 0, a row sequence's length);
+    ``None`` for metadata (a 0-d tensor, a string, a scalar)."""
+    if isinstance(x, _array_types()):
+        return x.shape[0] if x.ndim else None
     return len(x) if is_row_sequence(x) else None
 
 
 def rows_size(path: tuple[Any, ...], x: Any) -> int:
-    """The sample count of a value marked :data:`ROWS` (or ``True``): its length or dim 0.
-
-    Raises:
-        TypeError: if the value has no first axis (a mapping, a string, a scalar, a 0-d tensor).
-
-    Example:
-        >>> from sbfunc.rows import rows_size
-        >>> rows_size(("t",), [{"boxes": torch.zeros(2, 4)}, {"boxes": torch.zeros(0, 4)}])
-        2
-
-    References:
-        Equinox ``filter_spec`` (a prefix of booleans marking leaves).
-    """
-    size = leading_size(x)
-    if size is None and isinstance(x, list | tuple) and not hasattr(x, "_fields"):
-        size = len(x)
+    """The sample count of a value marked :data:`ROWS` or ``True``: dim 0 or a list/tuple's
+    length; a ``TypeError`` naming ``path`` for a value with no first axis."""
+    plain = isinstance(x, list | tuple) and not hasattr(x, "_fields")
+    size = len(x) if plain else leading_size(x)
     if size is None:
         raise TypeError(
             f"per_sample marks {path_str(path)} as per-sample, but a {type(x).__name__} has no "
@@ -190,128 +185,93 @@ def rows_size(path: tuple[Any, ...], x: Any) -> int:
     return size
 
 
-_SPEC_HELP = (
-    "must be None, True, False, sbfunc.batch.ROWS, a callable (path, leaf) -> bool, or a "
-    "dict/list/tuple of those"
-)
-
-
-def check_per_sample(per_sample: PerSample, _path: tuple[Any, ...] = ()) -> PerSample:
+def check_per_sample(per_sample: PerSample) -> PerSample:
     """Validate a ``per_sample`` spec on its own (before any batch is seen) and return it.
-
-    Args:
-        per_sample: a :data:`PerSample` spec.
-
-    Returns:
-        ``per_sample`` unchanged.
 
     Raises:
         TypeError: for an entry that is not a :data:`PerSample` form (the message names where).
 
     Example:
-        >>> sbfunc.batch.check_per_sample({"x": True, "meta": (False, sbfunc.batch.ROWS)})
+        >>> from sbfunc.rows import ROWS, check_per_sample
+        >>> check_per_sample({"x": True, "meta": (False, ROWS)})
         {'x': True, 'meta': (False, ROWS)}
-        >>> sbfunc.batch.check_per_sample({"x": 1})
+        >>> check_per_sample({"x": 1})
         Traceback (most recent call last):
         ...
         TypeError: per_sample['x'] must be None, True, False, ... got 1 (int)
-
-    References:
-        Equinox ``filter_spec`` (a pytree prefix of bools or callables).
     """
-    if per_sample is None or isinstance(per_sample, bool | Rows):
-        return per_sample
-    if isinstance(per_sample, Mapping):
-        for k, v in per_sample.items():
-            check_per_sample(v, (*_path, k))
-        return per_sample
-    if isinstance(per_sample, list | tuple):
-        for i, v in enumerate(per_sample):
-            check_per_sample(v, (*_path, i))
-        return per_sample
-    if callable(per_sample):
-        return per_sample
-    raise _spec_error(_path, per_sample)
+    paths, leaves, _ = optree.tree_flatten_with_path(
+        cast(Any, per_sample), _spec_leaf, none_is_leaf=True, namespace=NAMESPACE
+    )
+    for path, s in zip(paths, leaves, strict=True):
+        if not (s is None or isinstance(s, bool | Rows) or callable(s)):
+            raise _spec_error(path, s)
+    return per_sample
 
 
 def _spec_error(path: tuple[Any, ...], value: Any) -> TypeError:
     return TypeError(
-        f"per_sample{path_str(path)[5:]} {_SPEC_HELP}; got {value!r} ({type(value).__name__})"
+        f"per_sample{path_str(path)[5:]} must be None, True, False, sbfunc.batch.ROWS, a "
+        "callable (path, leaf) -> bool, or a dict/list/tuple of those; got "
+        f"{value!r} ({type(value).__name__})"
     )
 
 
-Node = tuple[list[Any], list[Any], Callable[[list[Any]], Any]]
-"""A pytree node one level deep: ``(keys, children, rebuild)``."""
+def _spec_leaf(s: Any) -> bool:
+    return _register(type(s)) or not isinstance(s, Mapping | list | tuple)
 
 
-def _rebuild_mapping(x: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
-    if type(x) is dict:
-        return items
-    if isinstance(x, defaultdict):
-        return defaultdict(x.default_factory, items)
-    try:
-        return type(x)(items)  # type: ignore[call-arg]  # OrderedDict, UserDict, ModelOutput...
-    except TypeError:  # a mapping type that cannot be built from a dict
-        return items
+def walk(
+    x: Any, spec: PerSample, visit: Visit, *, rebuild: bool, path: tuple[Any, ...] = ()
+) -> Any:
+    """Call ``visit(path, leaf, size)`` on every leaf of the batch ``x`` (``size``: its sample
+    count under ``spec``, ``None`` for metadata); return the tree of the results if ``rebuild``
+    (containers keep their types where they can), else ``x``.
 
+    The spec's containers are matched to ``x`` level by level; below them the leaves are those
+    of ``optree.tree_flatten`` with the default rule as ``is_leaf``. Subtrees marked ``False``
+    are not visited and come back as the same objects.
 
-def rebuild_sequence(x: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
-    """A list/tuple of ``items`` of ``x``'s type when it can be built from a list, else its
-    base type (``list`` or ``tuple``); namedtuples are built field by field."""
-    if hasattr(x, "_fields"):
-        return type(x)(*items)
-    if type(x) in (list, tuple):
-        return type(x)(items)
-    try:
-        return type(x)(items)
-    except TypeError:
-        return list(items) if isinstance(x, list) else tuple(items)
-
-
-def node(x: Any, *, force: bool = False) -> Node | None:
-    """``(keys, children, rebuild)`` of a pytree node, ``None`` for a leaf under the default rule
-    (a row sequence is a leaf unless ``force``).
+    Raises:
+        TypeError: for a malformed spec, a spec container where the batch has another kind of
+            value, a per-sample mark on a value with no first axis, or a callable spec that
+            does not return a bool.
+        ValueError: for spec keys missing from the batch or a spec sequence of another length.
 
     Example:
-        >>> from sbfunc.rows import node
-        >>> keys, children, rebuild = node({"a": 1, "b": 2})
-        >>> keys, rebuild([3, 4]), node(["s", "t"])
-        (['a', 'b'], {'a': 3, 'b': 4}, None)
-
-    References:
-        optree ``tree_flatten_one_level``.
+        >>> from sbfunc.rows import walk
+        >>> batch = {"x": torch.zeros(2), "w": torch.ones(2), "s": ["a", "b"]}
+        >>> walk(batch, {"w": False}, lambda path, leaf, n: (path, n), rebuild=True)
+        {'x': (('x',), 2), 'w': tensor([1., 1.]), 's': (('s',), 2)}
     """
-    if isinstance(x, _LEAVES):
-        return None
-    if isinstance(x, Mapping):
-        keys = list(x.keys())
-        return (
-            keys,
-            [x[k] for k in keys],
-            lambda new: _rebuild_mapping(x, dict(zip(keys, new, strict=True))),
-        )
-    if isinstance(x, list | tuple):
-        if hasattr(x, "_fields"):
-            return [_Attr(f) for f in x._fields], list(x), lambda new: type(x)(*new)
-        if not force and not _holds_array(x, ndarray_type()):
-            return None
-        return list(range(len(x))), list(x), lambda new: rebuild_sequence(x, new)
-    if optree.tree_is_leaf(x):
-        return None
-    out = optree.tree_flatten_one_level(x)
-    return list(out.entries), list(out.children), lambda new: out.unflatten_func(out.metadata, new)
+    if spec is False:
+        return x
+    if isinstance(spec, Rows):
+        return visit(path, x, rows_size(path, x))
+    if isinstance(spec, Mapping | list | tuple):
+        return _walk_spec(x, spec, visit, rebuild, path)
+    if not (spec is None or spec is True or callable(spec)):
+        raise _spec_error(path, spec)
+    leaves, treespec = optree.tree_flatten(x, _is_leaf, none_is_leaf=True, namespace=NAMESPACE)
+    tails = (_paths.__wrapped__ if torch.compiler.is_compiling() else _paths)(treespec)
+    paths = [(*path, *q) for q in tails] if path else tails
+    new = [visit(p, v, _leaf_size(p, v, spec)) for p, v in zip(paths, leaves, strict=True)]
+    return treespec.unflatten(new) if rebuild else x
 
 
-Visit = Callable[[tuple[Any, ...], Any, int | None], Any]
-"""``visit(path, leaf, size)``: called on every leaf; ``size`` is ``None`` for metadata."""
+@functools.lru_cache(maxsize=256)
+def _paths(treespec: optree.PyTreeSpec) -> list[tuple[Any, ...]]:
+    """The key path of every leaf (namedtuple fields as ``_Attr``), cached by structure."""
+    return [
+        tuple(_Attr(e.field) if isinstance(e, optree.NamedTupleEntry) else e.entry for e in a)
+        for a in treespec.accessors()
+    ]
 
 
 def _leaf_size(path: tuple[Any, ...], x: Any, spec: Any) -> int | None:
     if spec is None:
         return leading_size(x)
-    if spec is True:
-        return rows_size(path, x)
-    keep = spec(path, x)
+    keep = True if spec is True else spec(path, x)
     if not isinstance(keep, bool):
         raise TypeError(
             f"the per_sample callable must return a bool, got {keep!r} for {path_str(path)}"
@@ -319,86 +279,31 @@ def _leaf_size(path: tuple[Any, ...], x: Any, spec: Any) -> int | None:
     return rows_size(path, x) if keep else None
 
 
-def walk(
-    x: Any, spec: PerSample, visit: Visit, *, rebuild: bool, path: tuple[Any, ...] = ()
-) -> Any:
-    """Call ``visit`` on every leaf of the batch ``x`` with its sample count under ``spec``.
-
-    Subtrees marked ``False`` are skipped and returned as they are (the same object).
-
-    Args:
-        x: the batch (or a subtree of it).
-        spec: a :data:`PerSample` spec (a prefix of ``x``).
-        visit: ``visit(path, leaf, size) -> new_leaf``.
-        rebuild: build and return a new tree of the visited leaves (else return ``x``).
-        path: the path of ``x`` from the batch root.
-
-    Returns:
-        The rebuilt tree (containers keep their types where they can) or ``x``.
-
-    Raises:
-        TypeError: for a malformed spec, a spec container where the batch has a leaf or another
-            kind of container, a per-sample mark on a value with no first axis, or a callable
-            spec that does not return a bool.
-        ValueError: for spec keys missing from the batch or a spec sequence of another length.
-
-    Example:
-        >>> from sbfunc.rows import walk
-        >>> seen = []
-        >>> _ = walk({"x": torch.zeros(2), "w": torch.ones(2), "s": ["a", "b"]}, {"w": False},
-        ...          lambda path, leaf, n: seen.append((path, n)), rebuild=False)
-        >>> seen
-        [(('x',), 2), (('s',), 2)]
-
-    References:
-        Equinox ``filter_spec`` prefixes; optree ``tree_map_with_path``.
-    """
-    if spec is False:
-        return x
-    if isinstance(spec, Rows):
-        return visit(path, x, rows_size(path, x))
-    if spec is None or spec is True or callable(spec):
-        parts = node(x)
-        if parts is None:
-            return visit(path, x, _leaf_size(path, x, spec))
-        specs: list[Any] = [spec] * len(parts[0])
-    else:
-        if not isinstance(spec, Mapping | list | tuple):
-            raise _spec_error(path, spec)
-        parts = _match(x, spec, path)
-        specs = [spec.get(k) for k in parts[0]] if isinstance(spec, Mapping) else list(spec)
-    keys, children, build = parts
-    new = [
-        walk(c, s, visit, rebuild=rebuild, path=(*path, k))
-        for k, c, s in zip(keys, children, specs, strict=True)
-    ]
-    return build(new) if rebuild else x
-
-
-def _match(x: Any, spec: Any, path: tuple[Any, ...]) -> Node:
-    parts = node(x, force=True)
-    kind = "a dict" if isinstance(spec, Mapping) else f"a {type(spec).__name__} of {len(spec)}"
-    if parts is None or not (
-        isinstance(x, Mapping | list | tuple)
-        and (isinstance(spec, Mapping) or not isinstance(x, Mapping))
-    ):
+def _walk_spec(x: Any, spec: Any, visit: Visit, rebuild: bool, path: tuple[Any, ...]) -> Any:
+    """:func:`walk` one level down where ``spec`` is a dict/list/tuple matching ``x``."""
+    named, at = isinstance(spec, Mapping), f"per_sample{path_str(path)[5:]}"
+    kind = "a dict" if named else f"a {type(spec).__name__} of {len(spec)}"
+    if not isinstance(x, Mapping | list | tuple) or (isinstance(x, Mapping) and not named):
         raise TypeError(
-            f"per_sample{path_str(path)[5:]} is {kind}, but {path_str(path)} is a "
-            f"{type(x).__name__}; give a bool, ROWS or a callable there instead"
+            f"{at} is {kind}, but {path_str(path)} is a {type(x).__name__}; give a bool, ROWS "
+            "or a callable there instead"
         )
-    if isinstance(spec, Mapping):
-        unknown = [k for k in spec if k not in parts[0]]
-        if unknown:
-            raise ValueError(
-                f"per_sample{path_str(path)[5:]} names {unknown}, which {path_str(path)} does "
-                f"not have; its keys are {[str(k) for k in parts[0]]}"
-            )
-    elif len(spec) != len(parts[0]):
+    _register(type(x))
+    one: Any = optree.tree_flatten_one_level(cast(Any, x), none_is_leaf=True, namespace=NAMESPACE)
+    fields = getattr(x, "_fields", None)
+    keys = [_Attr(f) for f in fields] if fields is not None else list(one.entries)
+    if named and any(k not in keys for k in spec):
         raise ValueError(
-            f"per_sample{path_str(path)[5:]} is {kind} entries, but {path_str(path)} has "
-            f"{len(parts[0])}"
+            f"{at} names {[k for k in spec if k not in keys]}, which {path_str(path)} does not "
+            f"have; its keys are {[str(k) for k in keys]}"
         )
-    return parts
+    if not named and len(spec) != len(keys):
+        raise ValueError(f"{at} is {kind} entries, but {path_str(path)} has {len(keys)}")
+    new = [
+        walk(c, spec.get(k) if named else s, visit, rebuild=rebuild, path=(*path, k))
+        for k, c, s in zip(keys, one.children, keys if named else spec, strict=True)
+    ]
+    return one.unflatten_func(one.metadata, new) if rebuild else x
 
 
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -47,9 +47,6 @@ def describe(value: Any) -> str:
         ("'0.5' (a str)", 'True (a bool)')
         >>> sbfunc.validation.describe(torch.zeros(2, 3))
         'a torch.float32 tensor of shape (2, 3)'
-
-    References:
-        JAX ``jax.random`` key checks (messages that show what was received).
     """
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
@@ -78,9 +75,6 @@ def interval(
         >>> from sbfunc.validation import interval
         >>> interval(0, 1, open_low=True), interval(1), interval(0, open_low=True)
         ('in (0, 1]', '>= 1', '> 0')
-
-    References:
-        ISO 80000-2 interval notation.
     """
     has_low, has_high = math.isfinite(low), math.isfinite(high)
     if has_low and has_high:
@@ -167,9 +161,6 @@ def check_real(
         Traceback (most recent call last):
         ...
         ValueError: alpha must be a finite float >= 0, got nan
-
-    References:
-        optax's and PyTorch's optimizer argument checks (``Invalid learning rate``).
     """
     if isinstance(value, bool) or not isinstance(value, int | float):
         wanted = _real_range(low, high, open_low, open_high, typed=False)
@@ -208,9 +199,6 @@ def check_fraction(
         Traceback (most recent call last):
         ...
         TypeError: keep must be a float in (0, 1], got True (a bool); a bool is not a number here
-
-    References:
-        MosaicML Composer ``SelectiveBackprop(keep=...)`` (a fraction of the batch).
     """
     return check_real(
         value, name, low=low, high=high, open_low=open_low, open_high=open_high, fix=fix
@@ -246,9 +234,6 @@ def check_int(
         Traceback (most recent call last):
         ...
         ValueError: history must be an int >= 1, got 0
-
-    References:
-        Python ``operator.index`` (ints only, no floats).
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(TypeError, name, _int_range(low, high), value, _number_fix(value, fix))
@@ -268,9 +253,6 @@ def check_bool(value: Any, name: str, *, fix: str | None = None) -> bool:
         Traceback (most recent call last):
         ...
         TypeError: reweight must be True or False, got 1
-
-    References:
-        optax (keyword-only flags).
     """
     if not isinstance(value, bool):
         raise _fail(TypeError, name, "True or False", value, fix)
@@ -288,9 +270,6 @@ def check_choice(value: T, name: str, choices: Collection[T], *, fix: str | None
         Traceback (most recent call last):
         ...
         ValueError: nonfinite must be one of 'allow', 'raise', 'skip', got 'ignore' (a str)
-
-    References:
-        Python ``enum`` lookups by value.
     """
     try:
         ok = value in choices
@@ -313,9 +292,6 @@ def check_callable(value: T, name: str, *, fix: str | None = None) -> T:
         Traceback (most recent call last):
         ...
         TypeError: loss_fn must be callable, got None; use sbfunc.per_sample_loss
-
-    References:
-        Python ``callable``.
     """
     if not callable(value):
         raise _fail(TypeError, name, "callable", value, fix)
@@ -356,9 +332,6 @@ def check_tensor(
         Traceback (most recent call last):
         ...
         ValueError: scores must be a 1-D tensor, got a torch.float32 tensor of shape (2, 3)
-
-    References:
-        PyTorch's shape checks (``RuntimeError: shape mismatch``), as ``ValueError`` here.
     """
     words = [
         "" if dim is None else f"{dim}-D",

@@ -40,7 +40,7 @@ def test_take_selects_rows_of_every_leaf(nb, data):
     n, batch = nb
     idx = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))
     indices = torch.tensor(idx, dtype=torch.long)
-    pruned = sbfunc.take(batch, indices)
+    pruned = sbfunc.batch.take(batch, indices)
     assert type(pruned) is type(batch)
     import optree
 
@@ -53,7 +53,7 @@ def test_take_selects_rows_of_every_leaf(nb, data):
         else:
             assert new is old
     if idx:
-        assert sbfunc.batch_size(pruned) == len(idx)
+        assert sbfunc.batch.batch_size(pruned) == len(idx)
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
@@ -63,28 +63,28 @@ def test_take_does_not_mutate_input(nb):
     import optree
 
     before = [x.clone() if isinstance(x, torch.Tensor) else x for x in optree.tree_leaves(batch)]
-    sbfunc.take(batch, torch.arange(n).flip(0))
+    sbfunc.batch.take(batch, torch.arange(n).flip(0))
     after = optree.tree_leaves(batch)
     for a, b in zip(before, after, strict=True):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_batch_size_of_forms():
-    assert sbfunc.batch_size(torch.zeros(5, 2)) == 5
-    assert sbfunc.batch_size((torch.zeros(3), torch.zeros(3, 7))) == 3
-    assert sbfunc.batch_size({"a": {"b": torch.zeros(2)}, "meta": "x"}) == 2
+    assert sbfunc.batch.batch_size(torch.zeros(5, 2)) == 5
+    assert sbfunc.batch.batch_size((torch.zeros(3), torch.zeros(3, 7))) == 3
+    assert sbfunc.batch.batch_size({"a": {"b": torch.zeros(2)}, "meta": "x"}) == 2
 
 
 def test_disagreeing_leaves_raise_naming_paths():
     with pytest.raises(ValueError, match=r"disagree.*\['x'\]: 4.*\['y'\]: 3.*per_sample="):
-        sbfunc.batch_size({"x": torch.zeros(4), "y": torch.zeros(3)})
+        sbfunc.batch.batch_size({"x": torch.zeros(4), "y": torch.zeros(3)})
     with pytest.raises(ValueError, match=r"disagree.*\[0\]: 4, batch\[1\]: 3"):
-        sbfunc.take((torch.zeros(4), torch.zeros(3)), torch.tensor([0]))
+        sbfunc.batch.take((torch.zeros(4), torch.zeros(3)), torch.tensor([0]))
 
 
 def test_batch_without_tensors_raises():
     with pytest.raises(ValueError, match="no per-sample leaf"):
-        sbfunc.batch_size({"a": 1, "s": torch.tensor(1.0)})
+        sbfunc.batch.batch_size({"a": 1, "s": torch.tensor(1.0)})
 
 
 @pytest.mark.parametrize(
@@ -98,23 +98,23 @@ def test_batch_without_tensors_raises():
 )
 def test_take_validates_indices(indices, exc, msg):
     with pytest.raises(exc, match=msg):
-        sbfunc.take(torch.zeros(3), indices)
+        sbfunc.batch.take(torch.zeros(3), indices)
 
 
 def test_extract_and_replace():
     batch = Pair(torch.zeros(2), torch.ones(2))
-    assert sbfunc.extract(batch, 1) is batch.y
-    assert type(sbfunc.replace(batch, 0, 5)) is Pair
-    assert sbfunc.replace([1, 2], 0, 9) == [9, 2]
-    assert sbfunc.extract({"a": 1}, lambda b: b["a"] + 1) == 2
+    assert sbfunc.batch.extract(batch, 1) is batch.y
+    assert type(sbfunc.batch.replace(batch, 0, 5)) is Pair
+    assert sbfunc.batch.replace([1, 2], 0, 9) == [9, 2]
+    assert sbfunc.batch.extract({"a": 1}, lambda b: b["a"] + 1) == 2
     with pytest.raises(KeyError, match="available keys"):
-        sbfunc.extract({"a": 1}, "b")
+        sbfunc.batch.extract({"a": 1}, "b")
     with pytest.raises(IndexError, match="out of range"):
-        sbfunc.extract((1,), 3)
+        sbfunc.batch.extract((1,), 3)
     with pytest.raises(TypeError, match="pass a str key"):
-        sbfunc.extract({"a": 1}, 0)
+        sbfunc.batch.extract({"a": 1}, 0)
     with pytest.raises(TypeError, match="pass an int index"):
-        sbfunc.extract((1,), "a")
+        sbfunc.batch.extract((1,), "a")
 
 
 def test_namedtuple_fields_by_name():
@@ -122,21 +122,21 @@ def test_namedtuple_fields_by_name():
 
     Pair = namedtuple("Pair", "x y")
     b = Pair(torch.ones(2), torch.zeros(2))
-    assert sbfunc.extract(b, "y") is b.y
-    assert sbfunc.replace(b, "y", 3) == Pair(b.x, 3)
+    assert sbfunc.batch.extract(b, "y") is b.y
+    assert sbfunc.batch.replace(b, "y", 3) == Pair(b.x, 3)
     with pytest.raises(KeyError, match="not a field of Pair"):
-        sbfunc.replace(b, "z", 3)
+        sbfunc.batch.replace(b, "z", 3)
 
 
 @pytest.mark.parametrize("key", [lambda b: b[0], True, 1.0])
 def test_replace_refuses_keys_it_cannot_write(key):
     with pytest.raises(TypeError, match="key must be an int or str field"):
-        sbfunc.replace((1, 2), key, 0)
+        sbfunc.batch.replace((1, 2), key, 0)
 
 
 def test_take_refuses_small_integer_dtypes():
     with pytest.raises(TypeError, match="int64, int32"):
-        sbfunc.take((torch.ones(3),), torch.tensor([0], dtype=torch.uint8))
+        sbfunc.batch.take((torch.ones(3),), torch.tensor([0], dtype=torch.uint8))
 
 
 # --- mixed batches: lists, tuples, NumPy arrays, mappings, namedtuples ---------------------
@@ -212,9 +212,9 @@ def test_take_prunes_every_per_sample_leaf_of_mixed_batches(mb, data):
     n, batch, per_sample, metadata = mb
     before = copy.deepcopy(batch)
     idx = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=2 * n if n else 0))
-    pruned = sbfunc.take(batch, torch.tensor(idx, dtype=torch.long))
-    assert sbfunc.batch_size(batch) == n
-    assert sbfunc.batch_size(pruned) == len(idx)
+    pruned = sbfunc.batch.take(batch, torch.tensor(idx, dtype=torch.long))
+    assert sbfunc.batch.batch_size(batch) == n
+    assert sbfunc.batch.batch_size(pruned) == len(idx)
     assert type(pruned) is type(batch)
     for path in per_sample.values():
         old, new = _at(batch, path), _at(pruned, path)
@@ -251,7 +251,7 @@ def test_take_composes(mb, data):
         return
     i = torch.tensor(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=6)))
     j = torch.tensor(data.draw(st.lists(st.integers(0, len(i) - 1), max_size=6)), dtype=torch.long)
-    _assert_same(sbfunc.take(sbfunc.take(batch, i), j), sbfunc.take(batch, i[j]))
+    _assert_same(sbfunc.batch.take(sbfunc.batch.take(batch, i), j), sbfunc.batch.take(batch, i[j]))
 
 
 @settings(max_examples=40, derandomize=True, database=None, deadline=None)
@@ -262,12 +262,12 @@ def test_a_leaf_of_another_size_is_an_error_until_declared(mb, c):
         c = n + 1
     batch = {"data": batch, "class_weight": torch.ones(c)}
     with pytest.raises(ValueError, match=rf"\['class_weight'\]: {c}.*per_sample="):
-        sbfunc.batch_size(batch)
+        sbfunc.batch.batch_size(batch)
     with pytest.raises(ValueError, match="disagree"):
-        sbfunc.take(batch, torch.tensor([], dtype=torch.long))
+        sbfunc.batch.take(batch, torch.tensor([], dtype=torch.long))
     spec = {"class_weight": False}
-    assert sbfunc.batch_size(batch, per_sample=spec) == n
-    kept = sbfunc.take(batch, torch.zeros(min(n, 1), dtype=torch.long), per_sample=spec)
+    assert sbfunc.batch.batch_size(batch, per_sample=spec) == n
+    kept = sbfunc.batch.take(batch, torch.zeros(min(n, 1), dtype=torch.long), per_sample=spec)
     assert kept["class_weight"] is batch["class_weight"]
 
 
@@ -276,8 +276,8 @@ def test_a_leaf_of_another_size_is_an_error_until_declared(mb, c):
 def test_explicit_specs_agree_with_the_inference(mb):
     n, batch, _, _ = mb
     idx = torch.arange(n).flip(0)
-    inferred = sbfunc.take(batch, idx)
-    by_callable = sbfunc.take(
+    inferred = sbfunc.batch.take(batch, idx)
+    by_callable = sbfunc.batch.take(
         batch, idx, per_sample=lambda path, leaf: sbfunc.rows.leading_size(leaf) is not None
     )
     _assert_same(inferred, by_callable)
@@ -285,7 +285,7 @@ def test_explicit_specs_agree_with_the_inference(mb):
 
 def test_the_issue_example_prunes_the_strings():
     batch = {"x": torch.randn(8, 2), "t": [f"s{i}" for i in range(8)]}
-    assert sbfunc.take(batch, torch.tensor([1, 5]))["t"] == ["s1", "s5"]
+    assert sbfunc.batch.take(batch, torch.tensor([1, 5]))["t"] == ["s1", "s5"]
 
 
 def test_default_collate_batches_with_string_fields():
@@ -294,31 +294,34 @@ def test_default_collate_batches_with_string_fields():
     samples = [{"x": torch.full((2,), float(i)), "y": i, "name": f"n{i}"} for i in range(5)]
     batch = default_collate(samples)
     assert isinstance(batch["name"], list)
-    kept = sbfunc.take(batch, torch.tensor([4, 0]))
+    kept = sbfunc.batch.take(batch, torch.tensor([4, 0]))
     assert kept["name"] == ["n4", "n0"] and kept["y"].tolist() == [4, 0]
     pairs = default_collate([(torch.zeros(2), f"n{i}") for i in range(3)])  # [x, ("n0", ...)]
-    assert sbfunc.take(pairs, torch.tensor([2]))[1] == ("n2",)
+    assert sbfunc.batch.take(pairs, torch.tensor([2]))[1] == ("n2",)
 
 
 def test_row_sequences_keep_their_types():
     names = ("a", "b", "c")
-    assert sbfunc.take({"x": torch.zeros(3), "n": names}, torch.tensor([2, 0]))["n"] == ("c", "a")
-    assert sbfunc.take(["a", "b", "c"], torch.tensor([1])) == ["b"]
-    assert sbfunc.batch_size(("a", "b")) == 2
+    assert sbfunc.batch.take({"x": torch.zeros(3), "n": names}, torch.tensor([2, 0]))["n"] == (
+        "c",
+        "a",
+    )
+    assert sbfunc.batch.take(["a", "b", "c"], torch.tensor([1])) == ["b"]
+    assert sbfunc.batch.batch_size(("a", "b")) == 2
     arr = np.arange(6).reshape(3, 2)
-    out = sbfunc.take((torch.zeros(3), arr), torch.tensor([2]))[1]
+    out = sbfunc.batch.take((torch.zeros(3), arr), torch.tensor([2]))[1]
     assert isinstance(out, np.ndarray) and out.tolist() == [[4, 5]]
 
 
 def test_mappings_keep_their_types_where_they_can():
     x = torch.arange(3)
-    od = sbfunc.take(OrderedDict(x=x), torch.tensor([1]))
+    od = sbfunc.batch.take(OrderedDict(x=x), torch.tensor([1]))
     assert type(od) is OrderedDict and od["x"].tolist() == [1]
-    dd = sbfunc.take(defaultdict(int, x=x), torch.tensor([1]))
+    dd = sbfunc.batch.take(defaultdict(int, x=x), torch.tensor([1]))
     assert type(dd) is defaultdict and dd.default_factory is int
-    ud = sbfunc.take(UserDict(x=x, t=["a", "b", "c"]), torch.tensor([2]))
+    ud = sbfunc.batch.take(UserDict(x=x, t=["a", "b", "c"]), torch.tensor([2]))
     assert type(ud) is UserDict and ud["t"] == ["c"]
-    proxy = sbfunc.take(MappingProxyType({"x": x}), torch.tensor([0]))
+    proxy = sbfunc.batch.take(MappingProxyType({"x": x}), torch.tensor([0]))
     assert type(proxy) is MappingProxyType and proxy["x"].tolist() == [0]
 
     class KwargsOnly(Mapping):  # cannot be rebuilt from a dict: a plain dict comes back
@@ -334,7 +337,7 @@ def test_mappings_keep_their_types_where_they_can():
         def __len__(self):
             return len(self._d)
 
-    plain = sbfunc.take(KwargsOnly(x=x), torch.tensor([2]))
+    plain = sbfunc.batch.take(KwargsOnly(x=x), torch.tensor([2]))
     assert type(plain) is dict and plain["x"].tolist() == [2]
 
 
@@ -342,10 +345,10 @@ def test_rows_marks_a_list_of_per_sample_containers():
     targets = [{"boxes": torch.zeros(k, 4), "labels": torch.zeros(k)} for k in (2, 0, 3)]
     batch = (torch.zeros(3, 1, 4, 4), targets)
     with pytest.raises(ValueError, match=r"batch\[1\]\[0\]\['boxes'\]: 2.*ROWS"):
-        sbfunc.batch_size(batch)
+        sbfunc.batch.batch_size(batch)
     spec = (True, sbfunc.batch.ROWS)
-    assert sbfunc.batch_size(batch, per_sample=spec) == 3
-    kept = sbfunc.take(batch, torch.tensor([2, 1]), per_sample=spec)
+    assert sbfunc.batch.batch_size(batch, per_sample=spec) == 3
+    kept = sbfunc.batch.take(batch, torch.tensor([2, 1]), per_sample=spec)
     assert [t["boxes"].shape[0] for t in kept[1]] == [3, 0]
     assert kept[1][0] is targets[2]
 
@@ -353,50 +356,52 @@ def test_rows_marks_a_list_of_per_sample_containers():
 def test_metadata_that_only_looks_per_sample_needs_a_spec():
     batch = {"x": torch.zeros(3, 2), "class_weight": torch.tensor([1.0, 2.0, 3.0]), "hw": (4, 4)}
     with pytest.raises(ValueError, match=r"\['hw'\]: 2"):
-        sbfunc.batch_size(batch)
+        sbfunc.batch.batch_size(batch)
     spec = {"class_weight": False, "hw": False}
-    kept = sbfunc.take(batch, torch.tensor([0]), per_sample=spec)
+    kept = sbfunc.batch.take(batch, torch.tensor([0]), per_sample=spec)
     assert kept["class_weight"] is batch["class_weight"] and kept["hw"] is batch["hw"]
-    by_name = sbfunc.take(batch, torch.tensor([0]), per_sample=lambda path, _: path == ("x",))
+    by_name = sbfunc.batch.take(
+        batch, torch.tensor([0]), per_sample=lambda path, _: path == ("x",)
+    )
     assert by_name["class_weight"] is batch["class_weight"]
 
 
 def test_spec_errors_name_the_place():
     batch = {"x": torch.zeros(2), "meta": "m", "pair": (torch.zeros(2), torch.zeros(2))}
     with pytest.raises(TypeError, match=r"marks batch\['meta'\] as per-sample, but a str"):
-        sbfunc.batch_size(batch, per_sample={"meta": True})
+        sbfunc.batch.batch_size(batch, per_sample={"meta": True})
     with pytest.raises(TypeError, match=r"marks batch\['meta'\]"):
-        sbfunc.batch_size(batch, per_sample=True)
+        sbfunc.batch.batch_size(batch, per_sample=True)
     with pytest.raises(ValueError, match=r"names \['y'\].*keys are \['x', 'meta', 'pair'\]"):
-        sbfunc.batch_size(batch, per_sample={"y": False})
+        sbfunc.batch.batch_size(batch, per_sample={"y": False})
     with pytest.raises(ValueError, match=r"per_sample\['pair'\] is a tuple of 3 entries"):
-        sbfunc.batch_size(batch, per_sample={"pair": (True, True, True)})
+        sbfunc.batch.batch_size(batch, per_sample={"pair": (True, True, True)})
     with pytest.raises(TypeError, match=r"per_sample\['x'\] is a dict, but batch\['x'\] is a"):
-        sbfunc.batch_size(batch, per_sample={"x": {"a": True}})
+        sbfunc.batch.batch_size(batch, per_sample={"x": {"a": True}})
     with pytest.raises(TypeError, match=r"per_sample\['x'\] must be None, True, False"):
-        sbfunc.batch_size(batch, per_sample={"x": 1})
+        sbfunc.batch.batch_size(batch, per_sample={"x": 1})
     with pytest.raises(TypeError, match="must return a bool"):
-        sbfunc.batch_size(batch, per_sample=lambda path, leaf: 1)
+        sbfunc.batch.batch_size(batch, per_sample=lambda path, leaf: 1)
     with pytest.raises(ValueError, match="no per-sample leaf"):
-        sbfunc.batch_size(batch, per_sample=False)
+        sbfunc.batch.batch_size(batch, per_sample=False)
     with pytest.raises(TypeError, match=r"per_sample\[0\]\['a'\] must be"):
-        sbfunc.batch.check_per_sample([{"a": "yes"}])
+        sbfunc.rows.check_per_sample([{"a": "yes"}])
 
 
 def test_namedtuple_batches_take_dict_specs_by_field_name():
     rec = Rec(torch.arange(3), torch.ones(2))
     with pytest.raises(ValueError, match=r"batch\.ids: 3, batch\.names: 2"):
-        sbfunc.batch_size(rec)
-    kept = sbfunc.take(rec, torch.tensor([1]), per_sample={"names": False})
+        sbfunc.batch.batch_size(rec)
+    kept = sbfunc.batch.take(rec, torch.tensor([1]), per_sample={"names": False})
     assert type(kept) is Rec and kept.ids.tolist() == [1] and kept.names is rec.names
 
 
 def test_empty_batches_and_sequences():
     batch = {"x": torch.zeros(0, 2), "t": []}
-    assert sbfunc.batch_size(batch) == 0
+    assert sbfunc.batch.batch_size(batch) == 0
     full = {"x": torch.zeros(2, 2), "t": ["a", "b"]}
-    empty = sbfunc.take(full, torch.tensor([], dtype=torch.long))
-    assert empty["t"] == [] and empty["x"].shape == (0, 2) and sbfunc.batch_size(empty) == 0
+    empty = sbfunc.batch.take(full, torch.tensor([], dtype=torch.long))
+    assert empty["t"] == [] and empty["x"].shape == (0, 2) and sbfunc.batch.batch_size(empty) == 0
 
 
 @settings(max_examples=60, derandomize=True, database=None, deadline=None)
@@ -407,8 +412,8 @@ def test_strings_as_row_indices_stay_aligned_with_the_rows(mb, data):
     tagged = sbfunc.batch.strings_as_row_indices(batch)
     idx = data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=2 * n if n else 0))
     indices = torch.tensor(idx, dtype=torch.long)
-    pruned, reference = sbfunc.take(tagged, indices), sbfunc.take(batch, indices)
-    assert sbfunc.batch_size(tagged) == n
+    pruned, reference = sbfunc.batch.take(tagged, indices), sbfunc.batch.take(batch, indices)
+    assert sbfunc.batch.batch_size(tagged) == n
     for path in per_sample.values():
         old = _at(batch, path)
         if all(isinstance(v, str) for v in old) and not isinstance(old, torch.Tensor | np.ndarray):

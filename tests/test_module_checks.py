@@ -77,8 +77,8 @@ def test_check_loss_fn_names_the_argument():
         lambda m: sbfunc.per_sample.batch_l2_grad(m),
         lambda m: sbfunc.per_sample.sum_grad_squared(m),
         lambda m: sbfunc.per_sample.variance(m),
-        lambda m: sbfunc.SAM(loss_fn=m),
-        lambda m: sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn=m)),
+        lambda m: sbfunc.algorithms.SAM(loss_fn=m),
+        lambda m: sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn=m)),
     ],
     ids=["batch_grad", "batch_l2_grad", "sum_grad_squared", "variance", "SAM", "SB"],
 )
@@ -91,7 +91,7 @@ def test_a_module_given_as_loss_is_refused_at_construction(build):
     "build",
     [
         lambda m: sbfunc.make_train_step(m, sbfunc.optim.sgd(0.1)),
-        lambda m: sbfunc.score_losses(m, {}, {}, (torch.ones(2, 4), torch.zeros(2))),
+        lambda m: sbfunc.score.score_losses(m, {}, {}, (torch.ones(2, 4), torch.zeros(2))),
     ],
     ids=["make_train_step", "score_losses"],
 )
@@ -104,7 +104,7 @@ def test_select_using_loss_on_a_dict_batch_points_to_the_pure_path():
     batch = {"x": torch.ones(4, 4), "y": torch.zeros(4, dtype=torch.long)}
     g = torch.Generator().manual_seed(0)
     with pytest.raises(TypeError, match=r"score_losses.*take"):
-        sbfunc.select_using_loss(batch, batch["y"], _model(), F.cross_entropy, generator=g)
+        sbfunc.compat.select_using_loss(batch, batch["y"], _model(), F.cross_entropy, generator=g)
 
 
 # --- structured outputs without output= -------------------------------------------------------

@@ -65,7 +65,7 @@ def test_scores_match_the_model_and_follow_take(bert):
     with torch.no_grad():
         scores = loss_fn(params, buffers, batch)
     torch.testing.assert_close(scores, ref)
-    kept = sbfunc.take(batch, torch.tensor([3, 1]))
+    kept = sbfunc.batch.take(batch, torch.tensor([3, 1]))
     assert kept["text"] == ["sentence number 3", "sentence number 1"]
     with torch.no_grad():
         torch.testing.assert_close(loss_fn(params, buffers, kept), ref[[3, 1]])

@@ -3,6 +3,8 @@ documented submodules), never the names it imports (``Any``, ``torch``, ``check_
 
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,97 @@ def test_packages_list_their_documented_submodules_but_not_their_internals():
     assert "validation" not in top and "_checkpoint_checks" not in top
     assert "loop" not in dir(sbfunc.step) and "fit" in dir(sbfunc.step)
     assert sbfunc.step.loop.fit is sbfunc.fit  # hidden from dir(), still importable
+
+
+def test_the_top_level_is_the_spine_and_the_sub_packages():
+    import sbfunc
+
+    assert len(sbfunc.__all__) <= 32
+    assert {"make_train_step", "fit", "TrainState", "SelectiveBackprop", "algorithms"} <= set(
+        sbfunc.__all__
+    )
+    assert "MixUp" not in dir(sbfunc) and "take" not in dir(sbfunc)
+
+
+def test_internals_are_not_exported_by_their_package():
+    import sbfunc
+
+    for internal in ("Carry", "Planner", "Planned", "apply_planned", "unpack_result", "FLAGS"):
+        assert internal not in sbfunc.engine.__all__
+        assert not hasattr(sbfunc.engine, internal)
+    exported = {n for name in PUBLIC for n in importlib.import_module(name).__all__}
+    assert not {"check_ids", "check_scores", "check_keep", "check_key"} & exported
+    from sbfunc.engine.plan import Planner  # still importable from its defining module
+
+    assert Planner.__module__ == "sbfunc.engine.plan"
+
+
+def _moved() -> dict[str, str]:
+    import sbfunc
+
+    return sbfunc._MOVED
+
+
+@pytest.mark.parametrize("old", sorted(_moved()))
+def test_every_moved_top_level_name_is_a_deprecated_alias(old):
+    import sbfunc
+
+    home, _, name = _moved()[old].partition(":")
+    new = getattr(importlib.import_module(home), name)
+    assert name in importlib.import_module(home).__all__  # listed at its new home
+    assert old not in sbfunc.__all__ and old not in dir(sbfunc)
+    message = f"sbfunc.{old} moved to {home}.{name}; the alias will be removed in 1.1"
+    with pytest.warns(DeprecationWarning, match=re.escape(message)) as caught:
+        alias = getattr(sbfunc, old)
+    assert alias is new
+    assert caught[0].filename == __file__  # stacklevel: the warning points at the caller
+
+
+def test_an_unknown_top_level_name_is_an_attribute_error():
+    import sbfunc
+
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        sbfunc.nothing  # noqa: B018
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+
+
+def test_import_sbfunc_does_not_import_kornia():
+    code = "import sys, sbfunc, sbfunc.algorithms; print('kornia' in sys.modules)"
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_the_image_algorithms_name_the_extra_when_kornia_is_missing():
+    code = """
+import sys
+sys.modules["kornia"] = None  # kornia not installed
+import torch
+import sbfunc
+from sbfunc.algorithms import apply_blurpool, randaugment_image, resize_batch
+
+x = torch.rand(2, 3, 8, 8)
+calls = {
+    "blurpool": lambda: apply_blurpool(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
+    "randaugment": lambda: randaugment_image(x, key=sbfunc.random.key(0)),
+    "resize": lambda: resize_batch(x, torch.zeros(2), 0.5),
+}
+for name, call in calls.items():
+    try:
+        call()
+    except ImportError as error:
+        print(name, error)
+    else:
+        print(name, "ran without kornia")
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 3
+    for line in lines:
+        assert "needs kornia: pip install 'sbfunc[image]'" in line, line

@@ -54,7 +54,7 @@ def _expand(trees: Any) -> Any:
     takes a module must not write those either)."""
 
     def leaf(x: Any) -> Any:
-        module = x.module if isinstance(x, sbfunc.ModuleLoss) else x
+        module = x.module if isinstance(x, sbfunc.module.ModuleLoss) else x
         if isinstance(module, nn.Module):
             return (dict(module.named_parameters()), dict(module.named_buffers()))
         if x is None or isinstance(x, torch.Tensor | str | int | float | bytes):
@@ -130,7 +130,7 @@ def _fields(kind: str) -> dict[str, Any]:
     return {"input": 0, "target": 1} if kind == "tuple" else {"input": "x", "target": "y"}
 
 
-def loss_for(model: nn.Module, kind: str, **kw: Any) -> sbfunc.ModuleLoss:
+def loss_for(model: nn.Module, kind: str, **kw: Any) -> sbfunc.module.ModuleLoss:
     return sbfunc.per_sample_loss(model, F.cross_entropy, **_fields(kind), **kw)
 
 
@@ -179,9 +179,15 @@ def test_losses_evaluation_and_scoring_write_nothing(drawn):
     x = batch[0] if kind == "tuple" else batch["x"]
     check_pure(sbfunc.predict, model, params, buffers, x)
     for train in (True, False, None, "auto"):  # eval mode whatever the loss's own mode
-        check_pure(sbfunc.eval_outputs, loss_for(model, kind, train=train), params, buffers, batch)
+        check_pure(
+            sbfunc.module_eval.eval_outputs,
+            loss_for(model, kind, train=train),
+            params,
+            buffers,
+            batch,
+        )
     fields = {"input": 0} if kind == "tuple" else {"input": "x"}
-    check_pure(sbfunc.score_losses, loss_for(model, kind), params, buffers, batch, **fields)
+    check_pure(sbfunc.score.score_losses, loss_for(model, kind), params, buffers, batch, **fields)
     assert model.training and all(m.training for m in model.modules())
 
 
@@ -192,7 +198,7 @@ def test_per_sample_transforms_write_nothing(drawn, subset):
     model = net()
     params, buffers = state_dicts(model)
     loss_fn = loss_for(model, kind)
-    idx = torch.tensor([0, sbfunc.batch_size(batch) - 1]) if subset else None
+    idx = torch.tensor([0, sbfunc.batch.batch_size(batch) - 1]) if subset else None
     for transform in (batch_grad, batch_l2_grad, sum_grad_squared, variance):
         check_pure(transform(loss_fn), params, buffers, batch, subsampling=idx)
 
@@ -204,7 +210,7 @@ def test_curvature_transforms_write_nothing(drawn, seed):
     model = net()
     params, buffers = state_dicts(model)
     loss_fn = loss_for(model, kind)  # eval mode: curvature needs samples that do not interact
-    idx = torch.tensor([sbfunc.batch_size(batch) - 1, 0])
+    idx = torch.tensor([sbfunc.batch.batch_size(batch) - 1, 0])
     for exact in (P.sqrt_ggn_exact, P.diag_ggn_exact, P.batch_diag_ggn_exact):
         check_pure(exact(loss_fn), params, buffers, batch, subsampling=idx)
     key = sbrandom.key(seed)
@@ -221,7 +227,7 @@ def test_pytree_batches_and_a_hand_written_loss(state):
     """The nested batches of sbfunc.testing (tuple leaves, metadata, a 0-d tensor)."""
     check_pure(linear_loss, state.params, state.buffers, state.batch)
     check_pure(batch_grad(linear_loss), state.params, state.buffers, state.batch)
-    check_pure(sbfunc.score_losses, linear_loss, state.params, state.buffers, state.batch)
+    check_pure(sbfunc.score.score_losses, linear_loss, state.params, state.buffers, state.batch)
 
 
 @pytest.mark.xfail(
@@ -261,7 +267,7 @@ def test_selection_and_take_write_nothing(scores, seed, keep):
     gumbel = sbrandom.gumbel(key, (n,))
     sel = check_pure(sbfunc.select.gumbel_top_k, log_w, sbfunc.select.kept_count(n, keep), gumbel)
     batch = {"x": torch.randn(n, 2), "ids": torch.arange(n), "name": [str(i) for i in range(n)]}
-    check_pure(sbfunc.take, batch, sel)
+    check_pure(sbfunc.batch.take, batch, sel)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -283,7 +289,9 @@ def test_select_using_loss_writes_nothing_it_is_given():
     x, y = torch.randn(8, FEATURES), torch.randint(0, CLASSES, (8,))
     w = witness(x, y, dict(model.named_parameters()), dict(model.named_buffers()))
     g = torch.Generator().manual_seed(0)
-    sbfunc.select_using_loss(x, y, model, F.cross_entropy, keep=0.5, generator=g, train=False)
+    sbfunc.compat.select_using_loss(
+        x, y, model, F.cross_entropy, keep=0.5, generator=g, train=False
+    )
     assert_untouched(w)
 
 
@@ -304,13 +312,17 @@ def sb_step(model: nn.Module, kind: str) -> Any:
     """Selective Backprop (selecting from the first step) chained with label smoothing."""
     train = loss_for(model, kind, train=True)
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)  # scores with the step loss
-    smoothing = sbfunc.LabelSmoothing(0.1, num_classes=CLASSES, target=_fields(kind)["target"])
+    smoothing = sbfunc.algorithms.LabelSmoothing(
+        0.1, num_classes=CLASSES, target=_fields(kind)["target"]
+    )
     return make_step(train, [sbfunc.chain(sb, smoothing)])
 
 
 def eval_fn_for(loss_fn: Any) -> Any:
     def eval_fn(params: Any, buffers: Any, batch: Any) -> dict[str, torch.Tensor]:
-        return {"loss": sbfunc.eval_outputs(loss_fn, params, buffers, batch).losses.mean()}
+        return {
+            "loss": sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch).losses.mean()
+        }
 
     return eval_fn
 

@@ -62,7 +62,7 @@ def _build():
         train=True,
     )
     sb = sbfunc.SelectiveBackprop(  # rank_power, half of every batch
-        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(input="input_ids")
+        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.score.Scoring(input="input_ids")
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adamw(1e-3), [sb])
     state = step.init(*sbfunc.split_module(bert, clone=True), key=sbfunc.random.key(0))

@@ -30,12 +30,12 @@ from sbfunc.validation import (
 SETTINGS = settings(max_examples=60, derandomize=True, database=None, deadline=None)
 
 _MODEL = nn.Linear(4, 3)
-_ALG = sbfunc.LabelSmoothing(0.1, num_classes=3)
+_ALG = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=3)
 NAN = float("nan")
 
 # Every public function or constructor with a fraction argument, called with that argument.
 FRACTIONS = {
-    "check_keep": sbfunc.select.check_keep,
+    "check_keep": sbfunc.select.base.check_keep,
     "rank_power.keep": policies.rank_power,
     "top_k.keep": policies.top_k,
     "random_subset.keep": policies.random_subset,
@@ -47,13 +47,15 @@ FRACTIONS = {
     "loshchilov.keep": lambda v: policies.loshchilov(10.0, v, num_ids=4),
     "SelectiveBackprop.start": lambda v: sbfunc.SelectiveBackprop(v, 1.0),
     "SelectiveBackprop.keep": lambda v: sbfunc.SelectiveBackprop(keep=v),
-    "should_selective_backprop.current_duration": lambda v: sbfunc.should_selective_backprop(v, 0),
-    "select_using_loss.keep": lambda v: sbfunc.select_using_loss(
+    "should_selective_backprop.current_duration": lambda v: (
+        sbfunc.compat.should_selective_backprop(v, 0)
+    ),
+    "select_using_loss.keep": lambda v: sbfunc.compat.select_using_loss(
         torch.zeros(4, 4), torch.zeros(4, dtype=torch.int64), _MODEL, F.cross_entropy, keep=v
     ),
     "during.start": lambda v: sbfunc.during(_ALG, v, 1.0),
-    "CutOut.length": lambda v: sbfunc.CutOut(length=v),
-    "LabelSmoothing.smoothing": lambda v: sbfunc.LabelSmoothing(v, num_classes=3),
+    "CutOut.length": lambda v: sbfunc.algorithms.CutOut(length=v),
+    "LabelSmoothing.smoothing": lambda v: sbfunc.algorithms.LabelSmoothing(v, num_classes=3),
     "random.bernoulli.p": lambda v: sbrandom.bernoulli(sbrandom.key(0), v, (2,)),
 }
 
@@ -64,8 +66,8 @@ INTS = {
     "infobatch.num_ids": lambda v: policies.infobatch(0.5, 0.9, num_ids=v),
     "loshchilov.num_ids": lambda v: policies.loshchilov(10.0, 0.5, num_ids=v),
     "every_n_steps.n": lambda v: sbfunc.every_n_steps(_ALG, v),
-    "CutOut.num_holes": lambda v: sbfunc.CutOut(num_holes=v),
-    "LabelSmoothing.num_classes": lambda v: sbfunc.LabelSmoothing(0.1, num_classes=v),
+    "CutOut.num_holes": lambda v: sbfunc.algorithms.CutOut(num_holes=v),
+    "LabelSmoothing.num_classes": lambda v: sbfunc.algorithms.LabelSmoothing(0.1, num_classes=v),
     "tau_threshold.batch": lambda v: policies.tau_threshold(8, v),
 }
 

@@ -2,21 +2,8 @@
 explicit keys, module surgery as ``module -> module`` functions) and their ``Algorithm``s."""
 
 from sbfunc._namespace import api_dir
-from sbfunc.algorithms.alibi import (
-    Alibi,
-    AlibiMultiheadAttention,
-    ZeroEmbedding,
-    alibi_bias,
-    alibi_slopes,
-    apply_alibi,
-)
-from sbfunc.algorithms.augment import (
-    cutout_batch,
-    mixup_batch,
-    smooth_labels,
-    soft_targets,
-    window_start,
-)
+from sbfunc.algorithms.alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
+from sbfunc.algorithms.augment import cutout_batch, mixup_batch, smooth_labels, soft_targets
 from sbfunc.algorithms.augmix import (
     AugMix,
     augmix_image,
@@ -32,11 +19,7 @@ from sbfunc.algorithms.blurpool import (
     BlurPool,
     apply_blurpool,
 )
-from sbfunc.algorithms.channels_last import (
-    ChannelsLast,
-    apply_channels_last,
-    channels_last_tensors,
-)
+from sbfunc.algorithms.channels_last import ChannelsLast, apply_channels_last
 from sbfunc.algorithms.colout import (
     ColOut,
     colout_batch,
@@ -57,12 +40,7 @@ from sbfunc.algorithms.ghost_batchnorm import (
     GhostBatchNorm3d,
     apply_ghost_batchnorm,
 )
-from sbfunc.algorithms.layer_freezing import (
-    LayerFreezing,
-    freezable_layers,
-    freeze_depth,
-    freeze_fraction,
-)
+from sbfunc.algorithms.layer_freezing import LayerFreezing
 from sbfunc.algorithms.randaugment import (
     RandAugment,
     randaugment_image,
@@ -81,12 +59,7 @@ from sbfunc.algorithms.scale_schedule import (
 from sbfunc.algorithms.selective_backprop import (
     SelectiveBackprop,
 )
-from sbfunc.algorithms.seq_length_warmup import (
-    SeqLengthWarmup,
-    batch_sequence_length,
-    set_batch_sequence_length,
-    warmup_sequence_length,
-)
+from sbfunc.algorithms.seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length
 from sbfunc.algorithms.squeeze_excite import (
     SqueezeExcite,
     SqueezeExcite2d,
@@ -98,13 +71,7 @@ from sbfunc.algorithms.stochastic_depth import (
     StochasticDepth,
     apply_stochastic_depth,
 )
-from sbfunc.algorithms.surgery import (
-    Selector,
-    Surgery,
-    matching_modules,
-    replace_modules,
-    selector,
-)
+from sbfunc.algorithms.surgery import Surgery, replace_modules
 
 __all__ = [
     "EMA",
@@ -131,7 +98,6 @@ __all__ = [
     "ProgressiveResizing",
     "RandAugment",
     "SelectiveBackprop",
-    "Selector",
     "SeqLengthWarmup",
     "SqueezeExcite",
     "SqueezeExcite2d",
@@ -140,8 +106,6 @@ __all__ = [
     "StochasticDepth",
     "Surgery",
     "ZeroEmbedding",
-    "alibi_bias",
-    "alibi_slopes",
     "apply_alibi",
     "apply_blurpool",
     "apply_channels_last",
@@ -149,27 +113,18 @@ __all__ = [
     "apply_squeeze_excite",
     "apply_stochastic_depth",
     "augmix_image",
-    "batch_sequence_length",
-    "channels_last_tensors",
     "colout_batch",
     "cutmix_batch",
     "cutout_batch",
-    "freezable_layers",
-    "freeze_depth",
-    "freeze_fraction",
-    "matching_modules",
     "mixup_batch",
     "randaugment_image",
     "replace_modules",
     "resize_batch",
     "sam_gradients",
     "scale_schedule",
-    "selector",
     "set_batch_sequence_length",
     "smooth_labels",
     "soft_targets",
-    "warmup_sequence_length",
-    "window_start",
 ]
 
 

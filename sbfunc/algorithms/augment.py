@@ -85,10 +85,10 @@ def cutout_batch(
         TypeError: for a non-float ``length`` or non-bool ``uniform_sampling``.
 
     Example:
-        >>> out = sbfunc.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(1))
+        >>> out = sbfunc.algorithms.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(1))
         >>> out.shape, int((out == 0).sum(dim=(1, 2, 3))[0])
         (torch.Size([2, 1, 8, 8]), 16)
-        >>> out = sbfunc.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(1),
+        >>> out = sbfunc.algorithms.cutout_batch(torch.ones(2, 1, 8, 8), key=sbfunc.random.key(1),
         ...                           uniform_sampling=True)
         >>> out.shape
         torch.Size([2, 1, 8, 8])
@@ -140,9 +140,9 @@ def soft_targets(targets: torch.Tensor, num_classes: int) -> torch.Tensor:
         ValueError: if ``num_classes < 1``.
 
     Example:
-        >>> sbfunc.soft_targets(torch.tensor([1, 0]), 2)
+        >>> sbfunc.algorithms.soft_targets(torch.tensor([1, 0]), 2)
         tensor([[0., 1.], [1., 0.]])
-        >>> sbfunc.soft_targets(torch.zeros(2, 4, 5, dtype=torch.long), 3).shape
+        >>> sbfunc.algorithms.soft_targets(torch.zeros(2, 4, 5, dtype=torch.long), 3).shape
         torch.Size([2, 3, 4, 5])
 
     References:
@@ -164,9 +164,9 @@ def smooth_labels(targets: torch.Tensor, smoothing: float, num_classes: int) -> 
     targets must already have the class axis second.
 
     Example:
-        >>> sbfunc.smooth_labels(torch.tensor([0]), 0.1, 2)
+        >>> sbfunc.algorithms.smooth_labels(torch.tensor([0]), 0.1, 2)
         tensor([[0.9500, 0.0500]])
-        >>> sbfunc.smooth_labels(torch.zeros(1, 4, 4, dtype=torch.long), 0.1, 2).shape
+        >>> sbfunc.algorithms.smooth_labels(torch.zeros(1, 4, 4, dtype=torch.long), 0.1, 2).shape
         torch.Size([1, 2, 4, 4])
 
     References:
@@ -221,7 +221,8 @@ def mixup_batch(
 
     Example:
         >>> x, y = torch.eye(4), torch.arange(4)
-        >>> xm, ym, mixing = sbfunc.mixup_batch(x, y, key=sbfunc.random.key(0), num_classes=4)
+        >>> key = sbfunc.random.key(0)
+        >>> xm, ym, mixing = sbfunc.algorithms.mixup_batch(x, y, key=key, num_classes=4)
         >>> bool(torch.allclose(xm, ym)), bool(mixing <= 0.5)  # one-hot inputs mix like targets
         (True, True)
 

@@ -24,18 +24,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
-from kornia.enhance import (
-    adjust_brightness_accumulative,
-    adjust_contrast_with_mean_subtraction,
-    adjust_saturation_with_gray_subtraction,
-    equalize,
-    posterize,
-    sharpness,
-    solarize,
-)
-from kornia.geometry.transform import get_rotation_matrix2d, warp_affine
 
 from sbfunc import random as sbrandom
+from sbfunc.algorithms._kornia import kornia
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.validation import check_real
@@ -179,24 +170,25 @@ def _color_op(name: str, x: torch.Tensor, d: _Draws) -> torch.Tensor:
     """The non-geometric primitive ``name`` on every image, with per-image parameters."""
     f = d.original if name.endswith("_original") else d.symmetric
     base = name.removesuffix("_original")
+    enhance = kornia().enhance
     if base == "autocontrast":
         return _autocontrast(x)
     if base == "equalize":
-        return equalize(x)
+        return enhance.equalize(x)
     if base == "posterize":  # Composer: 4 - int(level * 4 / 10) bits
-        return posterize(x, 4 - (d.level * 0.4).long())
+        return enhance.posterize(x, 4 - (d.level * 0.4).long())
     if base == "solarize":  # PIL: invert the 8-bit values >= 256 - int(level * 25.6)
-        return solarize(x, (256 - (d.level * 25.6).floor()) / 255)
+        return enhance.solarize(x, (256 - (d.level * 25.6).floor()) / 255)
     if base == "color":
-        return adjust_saturation_with_gray_subtraction(x, f) if x.shape[1] == 3 else x
+        return enhance.adjust_saturation_with_gray_subtraction(x, f) if x.shape[1] == 3 else x
     if base == "contrast":
-        return adjust_contrast_with_mean_subtraction(x, f)
+        return enhance.adjust_contrast_with_mean_subtraction(x, f)
     if base == "brightness":
         if name == "brightness":  # Composer scales the brightening factors by 0.75
             f = torch.where(f > 1, 0.75 * f, f)
-        return adjust_brightness_accumulative(x, f)
+        return enhance.adjust_brightness_accumulative(x, f)
     if base == "sharpness":
-        return sharpness(x, f)
+        return enhance.sharpness(x, f)
     raise AssertionError(name)  # pragma: no cover - names are validated
 
 
@@ -207,7 +199,8 @@ def _affine(name: str, d: _Draws, h: int, w: int) -> torch.Tensor:
     if name == "rotate":  # Composer: int(level * 3) degrees, counter-clockwise or not
         centre = torch.tensor([(w - 1) / 2, (h - 1) / 2], device=dev).expand(n, 2)
         angle = d.sign * (d.level * 3).floor()
-        return get_rotation_matrix2d(centre, angle, torch.ones(n, 2, device=dev))
+        rotation = kornia().geometry.transform.get_rotation_matrix2d
+        return rotation(centre, angle, torch.ones(n, 2, device=dev))
     if name.startswith("shear"):  # PIL's affine about the top-left corner, 0.03 per level
         row, col = (0, 1) if name == "shear_x" else (1, 0)
         m[:, row, col] = -d.sign * d.level * 0.03
@@ -267,7 +260,8 @@ def augment_once(
             if op in _GEOMETRIC:
                 m = torch.where(pick.view(n, 1, 1), _affine(op, d, h, w), m)
         moved = (m != torch.eye(2, 3, device=x.device)).flatten(1).any(1)
-        warped = warp_affine(x, m.to(x.dtype), (h, w), mode="bilinear", padding_mode="zeros")
+        warp = kornia().geometry.transform.warp_affine
+        warped = warp(x, m.to(x.dtype), (h, w), mode="bilinear", padding_mode="zeros")
         out = torch.where(moved.view(n, 1, 1, 1), warped.clamp(0, 1), out)
     return out
 

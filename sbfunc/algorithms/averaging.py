@@ -16,7 +16,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from sbfunc.engine import Algorithm, Event, State, Time, TrainState
-from sbfunc.module import Params
+from sbfunc.types import Params
 from sbfunc.validation import check_real
 
 __all__ = ["EMA", "SWA", "AveragedState"]

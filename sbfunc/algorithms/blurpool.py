@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from kornia.filters import blur_pool2d
 from torch import nn
 
+from sbfunc.algorithms._kornia import kornia
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.validation import check_bool, check_int
 
@@ -66,8 +66,8 @@ class BlurConv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.blur_first:
-            return self.conv(blur_pool2d(x, _BLUR, stride=1))
-        return blur_pool2d(self.conv(x), _BLUR, stride=self.stride)
+            return self.conv(kornia().filters.blur_pool2d(x, _BLUR, stride=1))
+        return kornia().filters.blur_pool2d(self.conv(x), _BLUR, stride=self.stride)
 
 
 class BlurMaxPool2d(nn.Module):
@@ -104,7 +104,7 @@ class BlurMaxPool2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         maxes = F.max_pool2d(x, self.kernel_size, 1, self.padding, self.dilation)
-        return blur_pool2d(maxes, _BLUR, stride=self.stride)
+        return kornia().filters.blur_pool2d(maxes, _BLUR, stride=self.stride)
 
 
 class _Rules(NamedTuple):

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.module import Params
+from sbfunc.types import Params
 
 __all__ = ["ChannelsLast", "apply_channels_last", "channels_last_tensors"]
 

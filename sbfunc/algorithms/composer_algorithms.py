@@ -12,14 +12,15 @@ __all__ = ["CutOut", "LabelSmoothing", "MixUp"]
 
 
 class CutOut(Algorithm):
-    """Zero random squares of the input on ``AFTER_DATALOADER`` (see :func:`sbfunc.cutout_batch`).
+    """Zero random squares of the input on ``AFTER_DATALOADER`` (see
+    :func:`sbfunc.algorithms.cutout_batch`).
 
     Runs after any sample-selecting algorithm on that event (default passes), so it augments
     only the kept rows and never the rows Selective Backprop scores. ``uniform_sampling`` makes
     every pixel equally likely to be masked (Composer's option).
 
     Example:
-        >>> co = sbfunc.CutOut(length=0.5)
+        >>> co = sbfunc.algorithms.CutOut(length=0.5)
         >>> batch = (torch.ones(2, 1, 4, 4), torch.zeros(2))
         >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
         >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0] == 0).sum())
@@ -65,12 +66,12 @@ class MixUp(Algorithm):
     Composer's coefficient: ``mixing = min(z, 1 - z)``, ``z ~ Beta(alpha, alpha)``, the weight
     of the partner, so the original row dominates; ``alpha = 0`` leaves the inputs unchanged.
     The loss on the mixed soft targets is Composer's interpolated loss for cross-entropy (see
-    :func:`sbfunc.mixup_batch`), so it declares ``interpolate_loss = True`` and the
+    :func:`sbfunc.algorithms.mixup_batch`), so it declares ``interpolate_loss = True`` and the
     ``warn_if_multiple_loss_interpolation`` pass can flag conflicting algorithms. Per-pixel
     index targets ``[N, H, W]`` become soft targets ``[N, C, H, W]``.
 
     Example:
-        >>> mu = sbfunc.MixUp(alpha=0.2, num_classes=3)
+        >>> mu = sbfunc.algorithms.MixUp(alpha=0.2, num_classes=3)
         >>> state = sbfunc.State(sbfunc.random.key(0),
         ...                      batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
         >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
@@ -108,7 +109,8 @@ class LabelSmoothing(Algorithm):
     """Smooth the targets on ``BEFORE_LOSS`` and restore them on ``AFTER_LOSS``.
 
     Index targets ``[N, *dims]`` (classes, or per-pixel classes ``[N, H, W]``) become soft
-    targets with the class axis second, ``[N, C, *dims]`` (see :func:`sbfunc.smooth_labels`).
+    targets with the class axis second, ``[N, C, *dims]`` (see
+    :func:`sbfunc.algorithms.smooth_labels`).
 
     The original targets wait in the algorithm's per-batch ``scratch`` between the two events
     (scratch lives for one step, so nothing of it is checkpointed). With the FILO order of
@@ -116,7 +118,7 @@ class LabelSmoothing(Algorithm):
     restore them in reverse on ``AFTER_LOSS``.
 
     Example:
-        >>> ls = sbfunc.LabelSmoothing(0.1, num_classes=2)
+        >>> ls = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=2)
         >>> batch = (torch.zeros(1, 3), torch.tensor([1]))
         >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
         >>> state = ls.apply(sbfunc.Event.BEFORE_LOSS, state)

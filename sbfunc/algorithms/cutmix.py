@@ -49,9 +49,9 @@ def cutmix_batch(
     ``floor(size * sqrt(1 - lam))`` per axis with ``lam ~ Beta(alpha, alpha)`` (``alpha = 0``:
     a box as large as the image), or ``int(length * size)`` when ``length`` is given
     (``length = 0``: no box, the batch unchanged). Its position is drawn as in
-    :func:`sbfunc.cutout_batch` (``uniform_sampling``: every pixel equally likely mixed) and
-    clipped at the border; ``area``, the fraction of each image left unmixed, is computed
-    from the clipped box (Composer's adjusted lambda).
+    :func:`sbfunc.algorithms.cutout_batch` (``uniform_sampling``: every pixel equally likely
+    mixed) and clipped at the border; ``area``, the fraction of each image left unmixed, is
+    computed from the clipped box (Composer's adjusted lambda).
 
     Targets: per-pixel targets (``[N, H, W]`` indices or ``[N, C, H, W]`` soft targets, the
     input's height and width) get the same box pasted, so every pixel keeps the label of the
@@ -129,8 +129,8 @@ def cutmix_batch(
 class CutMix(Algorithm):
     """Paste a box of a partner image into every image on ``BEFORE_FORWARD``.
 
-    See :func:`cutmix_batch`. Like :class:`sbfunc.MixUp` it changes inputs and targets in one
-    place, after every ``AFTER_DATALOADER`` algorithm (so Selective Backprop has scored and
+    See :func:`cutmix_batch`. Like :class:`sbfunc.algorithms.MixUp` it changes inputs and targets
+    in one place, after every ``AFTER_DATALOADER`` algorithm (so Selective Backprop has scored and
     pruned the raw batch), and declares ``interpolate_loss = True``: for cross-entropy the
     loss on the area-mixed soft targets is Composer's interpolated loss.
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from sbfunc.engine import Algorithm, Event, State
-from sbfunc.module import Params
+from sbfunc.types import Params
 from sbfunc.validation import check_real
 
 __all__ = ["LayerFreezing", "freezable_layers", "freeze_depth", "freeze_fraction"]

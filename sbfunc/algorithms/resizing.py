@@ -6,10 +6,10 @@ import math
 from typing import Literal
 
 import torch
-from kornia.geometry.transform import resize
 
 from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
+from sbfunc.algorithms._kornia import kornia
 from sbfunc.batch import extract, replace
 from sbfunc.engine import Algorithm, Event, State
 from sbfunc.validation import check_bool, check_choice, check_int, check_real
@@ -28,6 +28,7 @@ def _scaled(size: int, scale_factor: float) -> int:
 
 def _nearest(t: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     """Nearest-neighbour resize of the last two dimensions, for any dtype."""
+    resize = kornia().geometry.transform.resize
     if t.dtype.is_floating_point:
         return resize(t, size, interpolation="nearest")
     return resize(t.to(torch.float32), size, interpolation="nearest").round().to(t.dtype)

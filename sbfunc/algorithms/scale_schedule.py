@@ -3,7 +3,7 @@
 Composer folded its ``ScaleSchedule`` algorithm into the trainer (``scale_schedule_ratio``):
 it multiplies ``max_duration`` by the ratio and stretches the learning-rate schedulers'
 milestones by it. In sbfunc the duration is :func:`sbfunc.fit`'s ``epochs``/``steps``
-(:class:`sbfunc.Duration`) and schedules are functions of the step count
+(:class:`sbfunc.step.Duration`) and schedules are functions of the step count
 (:mod:`sbfunc.optim`), so the same change is two calls of :func:`scale_schedule`, one on the
 duration and one on each schedule, before building the optimizer. Algorithms that read the
 fraction of training done (``time.elapsed``: Selective Backprop's window, layer freezing,
@@ -47,7 +47,7 @@ def scale_schedule(duration_or_schedule: Callable[[Any], Any], ratio: float) -> 
 def scale_schedule(duration_or_schedule: Any, ratio: float) -> Any:
     """Scale a training duration, or dilate a schedule, by ``ratio``.
 
-    * a :class:`sbfunc.Duration` (or a plain count of epochs or steps) becomes
+    * a :class:`sbfunc.step.Duration` (or a plain count of epochs or steps) becomes
       ``int(value * ratio)`` of the same unit, as Composer scales ``max_duration``;
     * a schedule ``count -> value`` becomes ``count -> schedule(count / ratio)``: with
       ``ratio = 0.5`` a warm-up of 100 steps takes 50 and a decay reaches its end value at half
@@ -69,7 +69,7 @@ def scale_schedule(duration_or_schedule: Any, ratio: float) -> Any:
 
     Example:
         >>> from sbfunc.algorithms.scale_schedule import scale_schedule
-        >>> scale_schedule(sbfunc.Duration(epochs=10), 0.5)
+        >>> scale_schedule(sbfunc.step.Duration(epochs=10), 0.5)
         Duration(epochs=5, steps=None)
         >>> lr = scale_schedule(sbfunc.optim.linear_schedule(1.0, 0.0, 100), 0.5)
         >>> round(float(lr(25)), 3), round(float(lr(50)), 3)
@@ -101,6 +101,6 @@ def scale_schedule(duration_or_schedule: Any, ratio: float) -> Any:
             dilated, describe("scale_schedule", {"schedule": schedule, "ratio": ratio})
         )
     raise TypeError(
-        "duration_or_schedule must be an sbfunc.Duration, an int or a schedule (a callable of "
-        f"the step count), got {type(target).__name__}"
+        "duration_or_schedule must be an sbfunc.step.Duration, an int or a schedule (a callable "
+        f"of the step count), got {type(target).__name__}"
     )

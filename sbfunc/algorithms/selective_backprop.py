@@ -2,45 +2,62 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import (
-    Field,
-    PerSample,
-    batch_size,
-    check_per_sample,
-    check_same_spec,
-    extract,
-    take,
-)
+from sbfunc.batch import Field, PerSample, batch_size, check_same_spec, extract, take
 from sbfunc.compat.composer import check_window, in_window
 from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine.algorithm import _replaced
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness, mode_dependent
-from sbfunc.policies import (
-    Policy,
-    Queue,
-    apply_policy,
-    dequeue,
-    empty_queue,
-    enqueue,
-    rank_power,
-    score_needed,
-    unscorable_dropped,
-)
-from sbfunc.score import Scoring, check_downsampled_scoring, check_scale_factor, score_losses
+from sbfunc.policies import Policy, Queue, apply_policy, dequeue, empty_queue, enqueue, rank_power
+from sbfunc.policies.apply import score_needed, unscorable_dropped
+from sbfunc.rows import check_per_sample
+from sbfunc.score import Scoring, check_downsampled_scoring, score_losses
+from sbfunc.score.downsample import check_scale_factor
 from sbfunc.score.options import check_scoring
-from sbfunc.select import check_keep
+from sbfunc.select.base import check_keep
 from sbfunc.step.nonfinite import finite_rows
 
 __all__ = ["SelectiveBackprop"]
 
 _SCORING = 0x5C0E  # the scoring forward's stream under this algorithm's key
+
+
+class _SpecFields(NamedTuple):  # what follows from the per-sample spec (bind sets it anew)
+    per_sample: PerSample
+    refill: Queue | None
+    refill_size: int
+
+
+class _ScoringFields(NamedTuple):  # what follows from the scoring loss (bind sets it anew)
+    reuse_losses: bool
+    loss_fn: LossFn | None
+    keyed_scoring: bool
+
+
+def _check_policy(keep: float | None, policy: Policy | None) -> tuple[float | None, Policy]:
+    """``(keep, policy)``: ``keep`` (default 0.5) with the rank-power policy, or ``None`` with
+    the given ``policy``."""
+    if policy is None:
+        checked = check_keep(0.5 if keep is None else keep)
+        return checked, rank_power(checked)
+    if not isinstance(policy, Policy):
+        raise TypeError(
+            f"policy must be an sbfunc.policies.Policy (e.g. sbfunc.policies.top_k(0.3)), "
+            f"got {policy!r:.80}"
+        )
+    if keep is not None:
+        raise ValueError(
+            f"keep={keep!r} and policy= both choose the kept rows: keep sets the fraction of "
+            "the default rank-power policy; give the fraction to the policy instead (e.g. "
+            "policy=sbfunc.policies.rank_power(0.3)) and leave keep out"
+        )
+    return None, policy
 
 
 def _keyed(
@@ -64,7 +81,7 @@ class SelectiveBackprop(Algorithm):
     sets ``state.sample_weights`` from the selection. The scoring forward counts in
     ``time.samples_forwarded``. Rows it leaves out that could not be scored (a non-finite
     score or input) count in ``state.rows_unscorable``, which the step adds to
-    ``rows_nonfinite`` (:func:`sbfunc.policies.unscorable_dropped`): every corrupt row counts
+    ``rows_nonfinite`` (:func:`sbfunc.policies.apply.unscorable_dropped`): every corrupt row counts
     once, left out here or masked by the step's guard, and :func:`sbfunc.fit` warns as it does
     without selection.
 
@@ -94,12 +111,14 @@ class SelectiveBackprop(Algorithm):
     Args:
         start: start of the active window, a fraction of training in [0, 1].
         end: end of the half-open window ``[start, end)``, ``>= start``.
-        keep: fraction of the batch kept by the default rank-power policy, in (0, 1].
-        scale_factor: spatial scale of the scoring input, in (0, 1] (that the model accepts
-            it is checked eagerly on the first batch of each input shape).
+        keep: fraction of the batch kept by the default rank-power policy, in (0, 1];
+            ``None``: 0.5 (and ``None`` is stored when ``policy`` is given).
+        scale_factor: spatial scale of the scoring input, in (0, 1] (if the model refuses
+            the downsampled input, an eager step raises a ``ValueError`` naming the factors
+            that work).
         interrupt: a plain step every ``interrupt`` batches; 0 never interrupts; 1 is refused.
         policy: the selection rule, a :class:`sbfunc.policies.Policy` (then leave ``keep``
-            at its default); ``None``: ``rank_power(keep)``.
+            out); ``None``: ``rank_power(keep)``.
         scoring: how to score (:class:`Scoring`: the scoring loss, its mode and precision,
             the input field, loss reuse).
         ids: where the int64 sample ids sit in the batch (for per-id policies).
@@ -114,14 +133,14 @@ class SelectiveBackprop(Algorithm):
     Raises:
         TypeError: for an argument of the wrong type (a module as ``scoring.loss_fn``: wrap
             it with :func:`sbfunc.per_sample_loss`).
-        ValueError: for an argument out of range, or both a ``keep`` other than 0.5 and a
-            ``policy``.
+        ValueError: for an argument out of range, or both a ``keep`` and a ``policy`` (whatever
+            the value of ``keep``).
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
         >>> sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=0.25, interrupt=0,
-        ...                               scoring=sbfunc.Scoring(loss_fn=loss_fn))
+        ...                               scoring=sbfunc.score.Scoring(loss_fn=loss_fn))
         >>> params, buffers = sbfunc.split_module(model)
         >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
         >>> state = sbfunc.State(sbfunc.random.key(0), params, buffers, batch=batch)
@@ -152,7 +171,7 @@ class SelectiveBackprop(Algorithm):
         self,
         start: float = 0.5,
         end: float = 0.9,
-        keep: float = 0.5,
+        keep: float | None = None,
         scale_factor: float = 1.0,
         interrupt: int = 2,
         *,
@@ -166,45 +185,35 @@ class SelectiveBackprop(Algorithm):
         check_window(start, end, interrupt)
         self.start, self.end, self.interrupt = float(start), float(end), interrupt
         self.uses_elapsed = (self.start, self.end) != (0.0, 1.0)  # its window needs elapsed
-        self.keep = check_keep(keep)
-        self.default_policy = policy is None  # repr
-        if policy is None:
-            policy = rank_power(self.keep)
-        elif not isinstance(policy, Policy):
-            raise TypeError(
-                f"policy must be an sbfunc.policies.Policy (e.g. sbfunc.policies.top_k(0.3)), "
-                f"got {policy!r:.80}"
-            )
-        elif self.keep != 0.5:
-            raise ValueError(
-                f"keep={keep} and policy= both choose the kept rows: keep sets the fraction of "
-                "the default rank-power policy; give the fraction to the policy instead (e.g. "
-                "policy=sbfunc.policies.rank_power(0.3)) and leave keep out"
-            )
-        self.policy = policy
+        self.keep, self.policy = _check_policy(keep, policy)
         self.scale_factor = check_scale_factor(scale_factor)
         self.scoring = check_scoring(scoring, self.scale_factor)
         if ids is not None and (isinstance(ids, bool) or not isinstance(ids, int | str)):
             raise TypeError(f"ids must be an int or str batch field, got {ids!r}")
         self.ids = ids
-        reuse = self.scoring.reuse_losses
-        if reuse and policy.record is None:
+        if self.scoring.reuse_losses and self.policy.record is None:
             raise ValueError(
                 "scoring.reuse_losses=True needs a policy that records losses (Policy.record: "
                 "stale_sb, loshchilov, infobatch; data-parallel wrappers never record, as a "
                 "rank's training losses would make the per-id tables differ across ranks)"
             )
-        self.per_sample = check_per_sample(per_sample)
         self.refill_example = refill
-        self.refill = None if refill is None else empty_queue(refill, per_sample=per_sample)
-        self.refill_size = 0 if refill is None else batch_size(refill, per_sample=per_sample)
-        self._fits: set[Any] = set()  # input shapes whose downsampled scoring was checked
+        self.per_sample, self.refill, self.refill_size = self._spec(check_per_sample(per_sample))
         if name is not None:
             self.name = name
-        self._use_loss(self.scoring.loss_fn)
+        self.reuse_losses, self.loss_fn, self.keyed_scoring = self._scoring(self.scoring.loss_fn)
 
-    def _use_loss(self, loss_fn: LossFn | None) -> None:
-        """Set the scoring loss and what follows from it (loss reuse, keyed scoring)."""
+    def _spec(self, per_sample: PerSample) -> _SpecFields:
+        """The per-sample spec and the empty refill queue and its size under it."""
+        example = self.refill_example
+        return _SpecFields(
+            per_sample,
+            None if example is None else empty_queue(example, per_sample=per_sample),
+            0 if example is None else batch_size(example, per_sample=per_sample),
+        )
+
+    def _scoring(self, loss_fn: LossFn | None) -> _ScoringFields:
+        """The scoring loss and what follows from it (loss reuse, keyed scoring)."""
         train = self.scoring.train
         module = loss_fn.module if isinstance(loss_fn, ModuleLoss) else None
         same_losses = train or (module is not None and not mode_dependent(module))
@@ -213,12 +222,11 @@ class SelectiveBackprop(Algorithm):
             reuse = loss_fn is not None and self.policy.record is not None and same_losses
         if reuse and self.ids is None:
             raise ValueError("reuse_losses needs the batch field `ids` (per-id losses)")
-        self.reuse_losses = reuse
         if isinstance(loss_fn, ModuleLoss) and not train:
             loss_fn = loss_fn.with_train(False)
-        self.loss_fn = loss_fn
         # Train-mode scoring of a model with dropout draws from this algorithm's key.
-        self.keyed_scoring = train and module is not None and draws_randomness(module)
+        keyed = train and module is not None and draws_randomness(module)
+        return _ScoringFields(reuse, loss_fn, keyed)
 
     def bind(self, *, loss_fn: Any, per_sample: PerSample) -> SelectiveBackprop:
         """This algorithm scoring with the step's ``loss_fn`` (in eval mode unless
@@ -246,19 +254,12 @@ class SelectiveBackprop(Algorithm):
         """
         if self.per_sample is not None:
             check_same_spec(per_sample, [self])
-        needs_loss = self.scoring.loss_fn is None and loss_fn is not None
-        if not needs_loss and per_sample is self.per_sample:
-            return self
-        bound = copy.copy(self)
-        if needs_loss:
-            bound._use_loss(check_loss_fn(loss_fn))
+        changes: dict[str, Any] = {}
+        if self.scoring.loss_fn is None and loss_fn is not None:
+            changes.update(self._scoring(check_loss_fn(loss_fn))._asdict())
         if per_sample is not self.per_sample:
-            bound.per_sample = check_per_sample(per_sample)
-            example = self.refill_example
-            if example is not None:
-                bound.refill = empty_queue(example, per_sample=per_sample)
-                bound.refill_size = batch_size(example, per_sample=per_sample)
-        return bound
+            changes.update(self._spec(check_per_sample(per_sample))._asdict())
+        return _replaced(self, **changes) if changes else self
 
     def init(self, key: sbrandom.Key) -> Any:
         """The policy's initial state, paired with an empty queue with ``refill``."""
@@ -275,15 +276,6 @@ class SelectiveBackprop(Algorithm):
         t = state.time
         return in_window(t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt)
 
-    def _check_fit(self, state: State, loss_fn: LossFn) -> None:
-        shape = tuple(extract(state.batch, self.scoring.input, "input").shape[1:])
-        if shape not in self._fits:
-            check_downsampled_scoring(
-                loss_fn, state.params, state.buffers, state.batch, self.scale_factor,
-                input=self.scoring.input, per_sample=self.per_sample,
-            )  # fmt: skip
-            self._fits.add(shape)
-
     def apply(self, event: Event, state: State) -> State:
         if event == Event.AFTER_LOSS:  # the training forward's losses of the kept rows
             return self._record(state)
@@ -291,10 +283,8 @@ class SelectiveBackprop(Algorithm):
             raise ValueError(
                 f"{self.name} has no loss to score with: build the step with it "
                 "(sbfunc.make_train_step(loss_fn, optimizer, [sb]) binds the step's loss), or "
-                "give SelectiveBackprop(..., scoring=sbfunc.Scoring(loss_fn=...))"
+                "give SelectiveBackprop(..., scoring=sbfunc.score.Scoring(loss_fn=...))"
             )
-        if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
-            self._check_fit(state, self.loss_fn)  # once per input shape, eagerly
         return self._select(state, self.loss_fn)
 
     def _record(self, state: State) -> State:
@@ -321,7 +311,26 @@ class SelectiveBackprop(Algorithm):
         )
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
+        if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
+            score = self._explained(score, state, loss_fn)
         return score
+
+    def _explained(
+        self, score: Callable[[Any], torch.Tensor], state: State, loss_fn: LossFn
+    ) -> Callable[[Any], torch.Tensor]:
+        """``score``, with a failure of the downsampled forward explained (eagerly)."""
+
+        def explained_score(batch: Any) -> torch.Tensor:
+            try:
+                return score(batch)
+            except (RuntimeError, ValueError):
+                check_downsampled_scoring(
+                    loss_fn, state.params, state.buffers, batch, self.scale_factor,
+                    input=self.scoring.input, per_sample=self.per_sample,
+                )  # fmt: skip
+                raise  # the model accepts the downsampled input: another failure
+
+        return explained_score
 
     def _select(self, state: State, loss_fn: LossFn) -> State:
         """Score, select, prune (and queue with ``refill``); count the unscorable rows left
@@ -371,7 +380,7 @@ class SelectiveBackprop(Algorithm):
         return full, queue
 
     def __repr__(self) -> str:
-        how = f"keep={self.keep}" if self.default_policy else f"policy={self.policy!r}"
+        how = f"policy={self.policy!r}" if self.keep is None else f"keep={self.keep}"
         return (
             f"SelectiveBackprop(start={self.start}, end={self.end}, {how}, "
             f"scale_factor={self.scale_factor}, interrupt={self.interrupt})"

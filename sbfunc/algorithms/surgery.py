@@ -10,10 +10,12 @@ deep-copies its input and never changes it.
 from __future__ import annotations
 
 import copy
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 
 from torch import nn
+
+from sbfunc.engine.algorithm import _Frozen
 
 __all__ = ["Selector", "Surgery", "matching_modules", "replace_modules", "selector"]
 
@@ -129,13 +131,14 @@ def replace_modules(module: nn.Module, policy: Policy) -> nn.Module:
     return visit("", root)
 
 
-class Surgery(ABC):
+class Surgery(_Frozen):
     """A Composer model-surgery algorithm as a pure ``module -> module`` callable.
 
     Call it on the model before :func:`sbfunc.split_module` and
     :func:`sbfunc.per_sample_loss`. A surgery that also acts during training (ALiBi's batch
     reshaping, stochastic depth's warm-up) is an :class:`sbfunc.Algorithm` as well; the others
     are not, so listing one among a step's algorithms fails loudly instead of doing nothing.
+    Like an algorithm, a surgery is frozen once constructed.
     """
 
     @abstractmethod

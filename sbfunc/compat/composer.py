@@ -24,9 +24,9 @@ REDUCTION_ERROR = "Loss function `loss_fun` must take a keyword argument `reduct
 CALLABLE_ERROR = "Loss function must be callable"
 TENSOR_ERROR = (
     "select_using_loss takes {} as a tensor (Composer's API), got a {}; for a dict or any "
-    "other pytree batch take the pure path: scores = sbfunc.score_losses(loss_fn, params, "
+    "other pytree batch take the pure path: scores = sbfunc.score.score_losses(loss_fn, params, "
     "buffers, batch), then a policy (sel, _ = sbfunc.policies.rank_power(keep).select(scores, "
-    "sbfunc.policies.EmptyState(), key=key)), then sbfunc.take(batch, sel.indices)"
+    "sbfunc.policies.EmptyState(), key=key)), then sbfunc.batch.take(batch, sel.indices)"
 )
 
 
@@ -90,7 +90,7 @@ def should_selective_backprop(
         interrupt: run a plain step every ``interrupt`` batches; 0 never interrupts.
 
     Example:
-        >>> [sbfunc.should_selective_backprop(0.6, b) for b in range(4)]
+        >>> [sbfunc.compat.should_selective_backprop(0.6, b) for b in range(4)]
         [True, False, True, False]
 
     References:
@@ -152,21 +152,21 @@ def select_using_loss(
         TypeError: if ``loss_fun`` is not callable or does not accept ``reduction`` (Composer's
             messages, ``"Loss function must be callable"`` and ``"Loss function `loss_fun`
             must take a keyword argument `reduction`."``); then if ``input`` or ``target`` is
-            not a tensor (a dict batch: the message gives the pure path, ``sbfunc.score_losses``
-            -> a policy -> ``sbfunc.take``), if ``scale_factor`` or ``keep`` is not a number,
-            or ``train`` is not ``None``/a bool or is given for a model that is not an
-            ``nn.Module``.
+            not a tensor (a dict batch: the message gives the pure path,
+            ``sbfunc.score.score_losses`` -> a policy -> ``sbfunc.batch.take``), if
+            ``scale_factor`` or ``keep`` is not a number, or ``train`` is not ``None``/a bool or
+            is given for a model that is not an ``nn.Module``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
         >>> x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
         >>> g = torch.Generator().manual_seed(0)
-        >>> xs, ys = sbfunc.select_using_loss(
+        >>> xs, ys = sbfunc.compat.select_using_loss(
         ...     x, y, model, torch.nn.functional.cross_entropy, keep=0.5, generator=g)
         >>> xs.shape, ys.shape
         (torch.Size([4, 4]), torch.Size([4]))
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Dropout(0.5))
-        >>> _ = sbfunc.select_using_loss(
+        >>> _ = sbfunc.compat.select_using_loss(
         ...     x, y, net, torch.nn.functional.cross_entropy, generator=g, train=False)
         >>> net.training  # scored in eval mode, then restored
         True

@@ -50,9 +50,6 @@ def balanced_counts(total: int, world: int) -> list[int]:
         >>> from sbfunc.distributed import balanced_counts
         >>> balanced_counts(7, 3)
         [3, 2, 2]
-
-    References:
-        PyTorch ``torch.tensor_split`` (the same split of ``N`` into ``W`` near-equal parts).
     """
     check_int(world, "world", low=1)
     check_int(total, "total", low=0)

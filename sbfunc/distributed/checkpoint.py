@@ -195,9 +195,6 @@ def replica_mismatches(tree: Any, *, comm: Comm | None = None) -> list[str]:
         >>> from sbfunc.distributed import replica_mismatches
         >>> replica_mismatches({"w": torch.ones(2)})  # one process: nothing to differ from
         []
-
-    References:
-        PyTorch ``DistributedDataParallel`` (its parameter consistency check at construction).
     """
     comm = Comm() if comm is None else comm
     paths, leaves, _ = optree.tree_flatten_with_path(tree, none_is_leaf=True)

@@ -1,12 +1,11 @@
 """The process group as the data-parallel code sees it: rank, world size, the collectives it
 uses, and a meter of the bytes they move.
 
-Every collective is torch's own: ``torch.distributed`` (``all_reduce``, ``all_gather_single``,
-``all_to_all_single``, ``broadcast``) when running eagerly, and the traceable
-``torch.distributed._functional_collectives`` while ``torch.compile`` traces. None mutates its
-inputs: the eager in-place collectives work on fresh buffers. Without an initialised default
-process group a :class:`Comm` is a world of one (rank 0): every collective returns its input's
-value and moves nothing, so the same code runs in one plain process.
+Every collective is torch's own (``all_reduce``, ``all_gather_single``, ``all_to_all_single``,
+``broadcast``), runs eagerly and under ``torch.compile``, and mutates none of its inputs.
+Without an initialised default process group a :class:`Comm` is a world of one (rank 0): every
+collective returns its input's value and moves nothing, so the same code runs in one plain
+process. How the collectives compile: ``docs/how-to/distributed.md``.
 """
 
 from __future__ import annotations

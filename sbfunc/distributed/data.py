@@ -120,9 +120,6 @@ def sharded_batches(
         >>> x, y = torch.arange(10.0).reshape(5, 2), torch.arange(5)
         >>> [b[2].tolist() for b in sharded_batches([x, y], 2, key=sbfunc.random.key(0), epoch=0)]
         [[0, 2], [4, 1], [3]]
-
-    References:
-        PyTorch ``DataLoader`` with ``DistributedSampler``; ``sbfunc.datasets.batches``.
     """
     if not tensors or any(t.dim() == 0 or t.shape[0] != tensors[0].shape[0] for t in tensors):
         raise ValueError("tensors must be one or more tensors sharing their first axis")

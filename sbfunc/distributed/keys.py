@@ -74,7 +74,7 @@ def per_rank(algorithm: Algorithm, *, comm: Comm | None = None) -> Algorithm:
     docs); its state, name and flags stay those of ``algorithm``.
 
     Args:
-        algorithm: e.g. ``sbfunc.CutOut(...)`` or ``sbfunc.MixUp(...)``.
+        algorithm: e.g. ``sbfunc.algorithms.CutOut(...)`` or ``sbfunc.algorithms.MixUp(...)``.
         comm: the :class:`Comm` whose rank folds into the key; default ``Comm()``.
 
     Raises:
@@ -82,7 +82,7 @@ def per_rank(algorithm: Algorithm, *, comm: Comm | None = None) -> Algorithm:
 
     Example:
         >>> from sbfunc.distributed import per_rank
-        >>> cutout = per_rank(sbfunc.CutOut(length=0.5))
+        >>> cutout = per_rank(sbfunc.algorithms.CutOut(length=0.5))
         >>> cutout.name, cutout.rank  # no process group in this doctest: rank 0
         ('CutOut', 0)
 

@@ -11,9 +11,9 @@ import torch
 from sbfunc._namespace import api_dir
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.distributed.meter import TrafficMeter
-from sbfunc.module import Params
 from sbfunc.optim import EmptyState, GradientTransformation
 from sbfunc.optim._base import Transform
+from sbfunc.types import Params
 from sbfunc.validation import check_int
 
 __all__ = ["mean_across_ranks"]

@@ -47,9 +47,6 @@ class TrafficMeter:
         >>> meter.record("scores", payload=64, received=64)
         >>> meter.totals()
         {'scores': Traffic(calls=1, payload=64, received=64)}
-
-    References:
-        PyTorch ``torch.distributed`` debug counters (``TORCH_DISTRIBUTED_DEBUG``).
     """
 
     def __init__(self) -> None:

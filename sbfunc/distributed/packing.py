@@ -27,9 +27,6 @@ class RowLayout(NamedTuple):
         >>> from sbfunc.distributed import pack_rows
         >>> pack_rows([torch.zeros(3, 2), torch.zeros(3, dtype=torch.int64)])[1].row_bytes
         16
-
-    References:
-        NumPy structured arrays (one record of mixed fields per row).
     """
 
     dtypes: tuple[torch.dtype, ...]
@@ -63,9 +60,6 @@ def pack_rows(tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, RowLayout]
         (torch.Size([2, 16]), torch.uint8)
         >>> unpack_rows(packed, layout)[1]
         tensor([7, 9])
-
-    References:
-        PyTorch ``Tensor.view(dtype)`` (reinterpreting bytes without a copy).
     """
     if not tensors or any(t.dim() == 0 for t in tensors):
         raise ValueError("pack_rows needs one or more tensors of rank >= 1")
@@ -107,9 +101,6 @@ def batch_rows(batch: Any) -> list[torch.Tensor]:
         >>> from sbfunc.distributed import batch_rows
         >>> len(batch_rows({"x": torch.zeros(2, 3), "y": torch.zeros(2), "tag": "train"}))
         2
-
-    References:
-        optree ``tree_flatten``; Equinox ``filter_spec`` (sbfunc's per-sample rule).
     """
     rows: list[torch.Tensor] = []
 
@@ -134,9 +125,6 @@ def with_rows(batch: Any, rows: Sequence[torch.Tensor]) -> Any:
         >>> from sbfunc.distributed import with_rows
         >>> with_rows({"x": torch.zeros(2), "tag": "train"}, [torch.ones(1)])
         {'x': tensor([1.]), 'tag': 'train'}
-
-    References:
-        optree ``tree_unflatten``.
     """
     it = iter(rows)
     return walk(

@@ -36,7 +36,8 @@ from sbfunc.batch import PerSample, take
 from sbfunc.distributed.balance import exchange_plan
 from sbfunc.distributed.comm import Comm
 from sbfunc.distributed.packing import batch_rows, pack_rows, unpack_rows, with_rows
-from sbfunc.policies import Policy, PolicyState, check_scores
+from sbfunc.policies import Policy, PolicyState
+from sbfunc.policies.base import check_scores
 from sbfunc.select import Selection
 
 __all__ = ["global_selection", "local_selection"]

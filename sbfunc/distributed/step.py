@@ -196,7 +196,7 @@ def make_data_parallel_step(
         per_sample: which leaves of the batch are per-sample.
 
     Returns:
-        A :class:`~sbfunc.TrainStep` whose ``replicas`` is the :class:`DataParallel`.
+        A :class:`~sbfunc.step.TrainStep` whose ``replicas`` is the :class:`DataParallel`.
 
     Raises:
         TypeError, ValueError: as :func:`sbfunc.make_train_step` and :class:`DataParallel`.

@@ -2,50 +2,36 @@
 
 Algorithms are pure ``match``/``apply`` pairs: ``match`` decides on the host from the time,
 ``apply`` returns a new :class:`State` (the one per-step context, focused on the algorithm: its
-own state, scratch, decision and key). Combinators build algorithms from algorithms. A
-:class:`Planner` orders an algorithm list once per event and decides a step's applications
-from ``match``; :func:`apply_planned` applies them to a :class:`Carry`; :func:`run_event` does
-both for one event and returns the new :class:`TrainState` with a :class:`Trace` per
-application.
+own state, scratch, decision and key). Combinators build algorithms from algorithms.
+:func:`run_event` orders an algorithm list for one event, applies the matching ones and
+returns the new :class:`TrainState` with a :class:`Trace` per application. (The planning and
+applying machinery the step uses lives in ``sbfunc.engine.plan`` and ``sbfunc.engine.run``.)
 """
 
 from sbfunc._namespace import api_dir
-from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
+from sbfunc.engine.algorithm import Algorithm
 from sbfunc.engine.combinators import chain, during, every_n_steps, named_chain, on_events, when
 from sbfunc.engine.events import Event
 from sbfunc.engine.hyperparams import Schedule, inject_hyperparams
-from sbfunc.engine.plan import Leaf, Plan, Planned, Planner, flatten
-from sbfunc.engine.run import Carry, apply_planned, run_event
+from sbfunc.engine.run import run_event
 from sbfunc.engine.state import State, Time, TrainState
-from sbfunc.engine.trace import Trace, stream_ids, trace_labels, unpack_result
+from sbfunc.engine.trace import Trace
 
 __all__ = [
-    "FLAGS",
     "Algorithm",
-    "ApplyResult",
-    "Carry",
     "Event",
-    "Leaf",
-    "Plan",
-    "Planned",
-    "Planner",
     "Schedule",
     "State",
     "Time",
     "Trace",
     "TrainState",
-    "apply_planned",
     "chain",
     "during",
     "every_n_steps",
-    "flatten",
     "inject_hyperparams",
     "named_chain",
     "on_events",
     "run_event",
-    "stream_ids",
-    "trace_labels",
-    "unpack_result",
     "when",
 ]
 

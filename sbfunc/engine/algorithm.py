@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import Any
+import copy
+import inspect
+from abc import ABCMeta, abstractmethod
+from typing import Any, TypeVar
 
 from sbfunc.engine.events import Event
 from sbfunc.engine.state import State
@@ -23,8 +25,67 @@ FLAGS: tuple[str, ...] = (
 )
 """The boolean class attributes every algorithm declares (combinators OR them together)."""
 
+_A = TypeVar("_A", bound="Algorithm")
 
-class Algorithm(ABC):
+
+class _FrozenAfterInit(ABCMeta):
+    """Marks every instance frozen once its class's ``__init__`` has returned."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        instance = super().__call__(*args, **kwargs)
+        vars(instance)["_frozen"] = True
+        return instance
+
+    @property
+    def __signature__(cls) -> inspect.Signature:
+        """The constructor's signature, as ``inspect.signature`` reads it without ``__call__``."""
+        init = cls.__init__  # type: ignore[misc]
+        if init is object.__init__:
+            return inspect.Signature()
+        sig = inspect.signature(init)
+        return sig.replace(parameters=tuple(sig.parameters.values())[1:])
+
+
+class _Frozen(metaclass=_FrozenAfterInit):
+    """Base of the objects that are frozen once constructed (algorithms, surgeries): their
+    constructor sets their fields, then setting or deleting one raises ``AttributeError``."""
+
+    def _frozen_error(self, doing: str) -> AttributeError:
+        if isinstance(self, Algorithm):
+            kind, how = "Algorithm", "its constructor, or alg.renamed(...) for another name"
+        else:
+            kind, how = "Surgery", "its constructor"
+        return AttributeError(
+            f"{kind} {getattr(self, 'name', type(self).__name__)!r} is frozen: build a new one "
+            f"({how}) instead of {doing}"
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if vars(self).get("_frozen", False):
+            raise self._frozen_error(f"setting {name!r}")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if vars(self).get("_frozen", False):
+            raise self._frozen_error(f"deleting {name!r}")
+        super().__delattr__(name)
+
+
+def _replaced(alg: _A, **changes: Any) -> _A:
+    """A copy of ``alg`` (frozen like it) with the fields ``changes`` names set to new values.
+
+    The one way ``bind``, the combinators and :meth:`Algorithm.renamed` derive an algorithm
+    from another: ``alg`` itself is never changed. The fields must exist.
+    """
+    unknown = sorted(k for k in changes if not hasattr(alg, k))
+    if unknown:
+        raise AttributeError(f"{type(alg).__name__} has no fields {unknown} to replace")
+    new = copy.copy(alg)
+    vars(new).update(changes)
+    return new
+
+
+class Algorithm(_Frozen):
     """A training trick as pure functions of an event and a :class:`State`.
 
     * ``init(key)`` returns the algorithm's persistent state (``None`` for none); the step
@@ -49,9 +110,14 @@ class Algorithm(ABC):
     whether ``apply`` draws randomness: a deterministic algorithm sets it to ``False`` and the
     engine skips deriving its key (``state.key`` is then ``None``), which saves a Threefry
     block per application in eager steps. ``name`` is the class name unless the
-    class body or the instance sets one; it labels traces and, with the algorithm's rank among
-    same-named algorithms, derives its random stream (so adding or moving another algorithm
-    never changes its draws). Combinators list what they wrap in ``parts``.
+    class body or the constructor sets one (:meth:`renamed` gives a copy with another); it
+    labels traces and, with the algorithm's rank among same-named algorithms, derives its
+    random stream (so adding or moving another algorithm never changes its draws).
+    Combinators list what they wrap in ``parts``.
+
+    An algorithm is **frozen** once its constructor returns, like an equinox module: setting
+    or deleting an attribute raises ``AttributeError``, and ``bind``, the combinators and
+    :meth:`renamed` build new algorithms instead (see ``docs/concepts/transforms.md``).
 
     Example:
         >>> from sbfunc.engine import Algorithm, Event
@@ -66,8 +132,12 @@ class Algorithm(ABC):
         >>> state = sbfunc.State(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
         >>> alg.apply(Event.BATCH_END, state).own
         1
-        >>> alg.name = "counter"; alg
+        >>> alg.renamed("counter")
         CountSteps(name='counter')
+        >>> alg.name = "counter"
+        Traceback (most recent call last):
+        ...
+        AttributeError: Algorithm 'CountSteps' is frozen: ...
 
     References:
         MosaicML Composer ``composer.core.Algorithm``; optax ``GradientTransformation``.
@@ -107,7 +177,7 @@ class Algorithm(ABC):
             Any pytree with a fixed structure (it is checkpointed with the train state).
 
         Example:
-            >>> sbfunc.LabelSmoothing(num_classes=3).init(sbfunc.random.key(0)) is None
+            >>> sbfunc.algorithms.LabelSmoothing(num_classes=3).init(sbfunc.random.key(0)) is None
             True
         """
         return None
@@ -133,11 +203,29 @@ class Algorithm(ABC):
             per_sample: the step's per-sample spec (:data:`sbfunc.batch.PerSample`).
 
         Example:
-            >>> alg = sbfunc.LabelSmoothing(num_classes=3)
+            >>> alg = sbfunc.algorithms.LabelSmoothing(num_classes=3)
             >>> alg.bind(loss_fn=None, per_sample=None) is alg
             True
         """
         return self
+
+    def renamed(self: _A, name: str) -> _A:
+        """A copy of this algorithm named ``name`` (in traces, and for its random stream).
+
+        Args:
+            name: the new name, a non-empty str.
+
+        Raises:
+            TypeError: if ``name`` is not a non-empty str.
+
+        Example:
+            >>> cutout = sbfunc.algorithms.CutOut(length=0.5)
+            >>> cutout.renamed("second_cutout").name, cutout.name
+            ('second_cutout', 'CutOut')
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        return _replaced(self, name=name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -9,12 +9,11 @@ Every result is an ``Algorithm`` (so it nests) and lists its parts in ``parts``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from sbfunc import random as sbrandom
-from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
+from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult, _replaced
 from sbfunc.engine.events import Event
 from sbfunc.engine.state import State
 from sbfunc.engine.trace import stream_ids, unpack_result
@@ -29,12 +28,14 @@ def _check_algorithm(alg: object, arg: str) -> Algorithm:
     return alg
 
 
-def _inherit_flags(target: Algorithm, parts: Iterable[Algorithm]) -> None:
-    parts = tuple(parts)
-    for flag in (*FLAGS, "uses_key", "uses_elapsed"):
-        setattr(target, flag, any(getattr(p, flag) for p in parts))
+def _inherited(parts: tuple[Algorithm, ...]) -> dict[str, Any]:
+    """The flags (each the OR of the parts') and the events (the union) of a combinator."""
+    flags: dict[str, Any] = {
+        flag: any(getattr(p, flag) for p in parts) for flag in (*FLAGS, "uses_key", "uses_elapsed")
+    }
     listened = [p.events for p in parts]
-    target.events = None if None in listened else frozenset().union(*listened)  # type: ignore[arg-type]
+    flags["events"] = None if None in listened else frozenset().union(*listened)  # type: ignore[arg-type]
+    return flags
 
 
 class _Chain(Algorithm):
@@ -47,7 +48,8 @@ class _Chain(Algorithm):
         self.name = name
         self.names = names
         self.streams = stream_ids([p.name for p in parts] if names is None else names)
-        _inherit_flags(self, parts)
+        for field, value in _inherited(parts).items():
+            setattr(self, field, value)
 
     def _pack(self, values: Iterable[Any]) -> Any:
         values = tuple(values)
@@ -97,6 +99,8 @@ class _Chain(Algorithm):
 
     def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         parts = tuple(p.bind(loss_fn=loss_fn, per_sample=per_sample) for p in self.parts)
+        if all(new is old for new, old in zip(parts, self.parts, strict=True)):
+            return self
         return _Chain(parts, self.name, self.names)
 
     def __repr__(self) -> str:
@@ -179,17 +183,32 @@ def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algor
 
 
 class _Gated(Algorithm):
-    """Runs ``part`` only while ``gate(event, state)`` holds; same name, state and flags."""
+    """Runs ``part`` only while ``gate(event, state)`` holds; same name, state and flags.
+
+    ``only`` narrows the events the part listens to; ``elapsed`` says the gate reads
+    ``time.elapsed`` (so the step needs the run's length).
+    """
 
     def __init__(
-        self, part: Algorithm, gate: Callable[[Event, State], bool], description: str
+        self,
+        part: Algorithm,
+        gate: Callable[[Event, State], bool],
+        description: str,
+        *,
+        only: frozenset[Event] | None = None,
+        elapsed: bool = False,
     ) -> None:
         self.part = part
         self.parts = (part,)
         self.gate = gate
         self.description = description
+        self.only, self.elapsed = only, elapsed
         self.name = part.name
-        _inherit_flags(self, self.parts)
+        for field, value in _inherited(self.parts).items():
+            setattr(self, field, value)
+        if only is not None:
+            self.events = only if part.events is None else only & part.events
+        self.uses_elapsed = self.uses_elapsed or elapsed
 
     def init(self, key: Any) -> Any:
         return self.part.init(key)
@@ -201,10 +220,11 @@ class _Gated(Algorithm):
         return self.part.apply(event, state)
 
     def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
-        bound = copy.copy(self)
-        bound.part = self.part.bind(loss_fn=loss_fn, per_sample=per_sample)
-        bound.parts = (bound.part,)
-        return bound
+        part = self.part.bind(loss_fn=loss_fn, per_sample=per_sample)
+        if part is self.part:
+            return self
+        gated = _Gated(part, self.gate, self.description, only=self.only, elapsed=self.elapsed)
+        return gated if gated.name == self.name else _replaced(gated, name=self.name)
 
     def __repr__(self) -> str:
         return f"{self.description[:-1]}, part={self.part!r})"
@@ -240,9 +260,9 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
         if not isinstance(e, Event):
             raise TypeError(f"events must hold sbfunc Events, got {e!r}")
     names = sorted(e.name for e in allowed)
-    gated = _Gated(algorithm, lambda event, state: event in allowed, f"on_events({names})")
-    gated.events = allowed if algorithm.events is None else allowed & algorithm.events
-    return gated
+    return _Gated(
+        algorithm, lambda event, state: event in allowed, f"on_events({names})", only=allowed
+    )
 
 
 def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
@@ -278,13 +298,12 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
     lo, hi = check_fraction(start, "start"), check_fraction(end, "end")
     if hi < lo:
         raise ValueError(f"end must be in [start, 1] = [{lo}, 1], got {end!r}")
-    gated = _Gated(
+    return _Gated(
         algorithm,
         lambda event, state: lo <= state.time.elapsed < hi,
         f"during(start={lo}, end={hi})",
+        elapsed=(lo, hi) != (0.0, 1.0),
     )
-    gated.uses_elapsed = gated.uses_elapsed or (lo, hi) != (0.0, 1.0)
-    return gated
 
 
 def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:

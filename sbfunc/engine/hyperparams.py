@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult
+from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult, _replaced
 from sbfunc.engine.events import Event
 from sbfunc.engine.state import State
 from sbfunc.engine.trace import unpack_result
@@ -24,6 +24,13 @@ class _Decided(NamedTuple):
     decision: Any
 
 
+_LAST_BUILT: weakref.WeakKeyDictionary[Algorithm, tuple[dict[str, Any], Algorithm]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each injected algorithm's last ``(values, built algorithm)``: a memo of the pure
+``factory(**values)`` (then bound), kept outside the frozen instance."""
+
+
 class _Injected(Algorithm):
     """Rebuilds ``factory(**values)`` from its state ``(values, part_state)``."""
 
@@ -33,6 +40,7 @@ class _Injected(Algorithm):
         self.factory = factory
         self.schedules = {k: v for k, v in hparams.items() if callable(v)}
         self.initial = {k: v for k, v in hparams.items() if not callable(v)}
+        self.bound: dict[str, Any] | None = None  # the step's loss and spec, once bound
         first = self._build(self._values(0.0, self.initial))
         self.parts = (first,)
         self.name = name if name is not None else f"hyperparams:{first.name}"
@@ -46,16 +54,15 @@ class _Injected(Algorithm):
         return values
 
     def _build(self, values: dict[str, Any]) -> Algorithm:
-        cache = self.__dict__.get("_cache")
-        if cache is not None and cache[0] == values:
-            return cache[1]
+        last = _LAST_BUILT.get(self)
+        if last is not None and last[0] == values:
+            return last[1]
         alg = self.factory(**values)
         if not isinstance(alg, Algorithm):
             raise TypeError(f"factory must return an sbfunc Algorithm, got {alg!r}")
-        bound = self.__dict__.get("_bound")
-        if bound is not None:
-            alg = alg.bind(**bound)
-        self.__dict__["_cache"] = (values, alg)
+        if self.bound is not None:
+            alg = alg.bind(**self.bound)
+        _LAST_BUILT[self] = (values, alg)
         return alg
 
     def _current(self, state: State) -> tuple[dict[str, Any], Algorithm]:
@@ -63,10 +70,8 @@ class _Injected(Algorithm):
         return values, self._build(values)
 
     def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
-        bound = copy.copy(self)
-        bound.__dict__.pop("_cache", None)
-        bound.__dict__["_bound"] = {"loss_fn": loss_fn, "per_sample": per_sample}
-        return bound
+        bound = {"loss_fn": loss_fn, "per_sample": per_sample}
+        return _replaced(self, bound=bound, parts=(self.parts[0].bind(**bound),))
 
     def init(self, key: Any) -> Any:
         values = self._values(0.0, self.initial)
@@ -102,7 +107,7 @@ def inject_hyperparams(
     is read from the state, so editing it there, functionally, changes it) and ``part_state``
     the built algorithm's own state. ``apply`` writes the values it used back. ``factory``
     must be pure (same values, same algorithm): the last build is reused while the values do
-    not change.
+    not change (a memo kept outside the algorithm, which stays frozen).
 
     Under ``torch.compile`` the values are Python numbers baked into the step's graph: a
     schedule that changes its value every step recompiles every step, so prefer schedules

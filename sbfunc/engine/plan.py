@@ -58,7 +58,8 @@ def flatten(algorithms: Sequence[Algorithm]) -> tuple[Leaf, ...]:
 
     Example:
         >>> from sbfunc.testing import Toy
-        >>> leaves = sbfunc.engine.flatten([Toy(), sbfunc.chain(Toy(name="a"), Toy(name="b"))])
+        >>> from sbfunc.engine.plan import flatten
+        >>> leaves = flatten([Toy(), sbfunc.chain(Toy(name="a"), Toy(name="b"))])
         >>> [(leaf.label, leaf.path) for leaf in leaves]
         [('Toy', (0,)), ('chain/a', (1, 0)), ('chain/b', (1, 1))]
     """

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["State", "Time", "TrainState"]
+from sbfunc.types import Params
 
-Params = dict[str, torch.Tensor]
+__all__ = ["State", "Time", "TrainState"]
 
 
 class Time(NamedTuple):
@@ -199,7 +199,7 @@ class State(NamedTuple):
         rows_unscorable: rows a selection left out during this step that could not be
             scored (a non-finite score or input), a 0-d ``int64`` tensor on the device;
             ``None`` while no selection ran. The step adds it to ``rows_nonfinite``
-            (:class:`sbfunc.StepMetrics`, :class:`Time`).
+            (:class:`sbfunc.step.StepMetrics`, :class:`Time`).
 
     Example:
         >>> s = sbfunc.State(sbfunc.random.key(0), batch=(torch.zeros(2, 3),))

@@ -45,8 +45,8 @@ def stream_ids(names: Sequence[str]) -> tuple[int, ...]:
     algorithm never changes an algorithm's draws.
 
     Example:
-        >>> a, b, c = sbfunc.engine.stream_ids(["Toy", "x", "Toy"])
-        >>> a != c, sbfunc.engine.stream_ids(["x"])[0] == b
+        >>> a, b, c = sbfunc.engine.trace.stream_ids(["Toy", "x", "Toy"])
+        >>> a != c, sbfunc.engine.trace.stream_ids(["x"])[0] == b
         (True, True)
 
     References:
@@ -66,7 +66,7 @@ def trace_labels(algorithms: Sequence[Algorithm]) -> tuple[str, ...]:
 
     Example:
         >>> from sbfunc.testing import Toy
-        >>> sbfunc.engine.trace_labels([Toy(), Toy(name="B"), Toy()])
+        >>> sbfunc.engine.trace.trace_labels([Toy(), Toy(name="B"), Toy()])
         ('Toy', 'B', 'Toy#1')
     """
     seen: dict[str, int] = {}

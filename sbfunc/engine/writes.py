@@ -46,7 +46,7 @@ def in_step(*, staged: bool) -> Writable:
 
     Args:
         staged: whether the loss runs its forward apart from its criterion
-            (:class:`~sbfunc.ModuleLoss`), so that ``outputs`` changed on ``AFTER_FORWARD``
+            (:class:`~sbfunc.module.ModuleLoss`), so that ``outputs`` changed on ``AFTER_FORWARD``
             or ``BEFORE_LOSS`` reach the criterion.
 
     Example:

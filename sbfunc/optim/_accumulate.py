@@ -8,9 +8,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.module import Params
 from sbfunc.optim._base import GradientTransformation, Transform, by_group, cast_like, zero_count
 from sbfunc.optim._finite import host_flag, keep_if_finite, negative_zeros
+from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_int
 
 __all__ = ["MultiStepsState", "multi_steps"]

@@ -9,9 +9,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.module import Params
 from sbfunc.optim._checks import describe
 from sbfunc.optim._schedules import value_at
+from sbfunc.types import EmptyState, Params
 
 __all__ = [
     "EmptyState",
@@ -73,16 +73,6 @@ class GradientTransformation(NamedTuple):
         if isinstance(owner, Transform) and getattr(self.init, "__self__", None) is owner:
             return repr(owner)
         return f"GradientTransformation(init={self.init!r}, update={self.update!r})"
-
-
-class EmptyState(NamedTuple):
-    """The state of a transformation that keeps none (optax's ``EmptyState``).
-
-    Example:
-        >>> from sbfunc import optim
-        >>> optim.scale(0.5).init({"w": torch.ones(2)})
-        EmptyState()
-    """
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

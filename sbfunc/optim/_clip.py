@@ -7,9 +7,9 @@ from typing import Literal
 
 import torch
 
-from sbfunc.module import Params
 from sbfunc.optim._base import GradientTransformation, by_group
 from sbfunc.optim._transforms import Stateless, times
+from sbfunc.types import Params
 from sbfunc.validation import check_choice, check_real
 
 __all__ = ["ClipFormula", "clip_by_global_norm"]

@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 import torch
 import torch.utils._pytree as torch_pytree
 
-from sbfunc.module import Params
 from sbfunc.optim._base import GradientTransformation, Transform, cast_like, readable, zero_count
+from sbfunc.types import Params
 from sbfunc.validation import check_int
 
 __all__ = [

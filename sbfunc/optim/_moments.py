@@ -9,7 +9,6 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.module import Params
 from sbfunc.optim._base import (
     GradientTransformation,
     Scalar,
@@ -23,6 +22,7 @@ from sbfunc.optim._base import (
 from sbfunc.optim._checks import check_real_or_schedule
 from sbfunc.optim._schedules import value_at
 from sbfunc.optim._transforms import HParam
+from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_real
 
 __all__ = [

@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.module import Params
 from sbfunc.optim._base import (
     EmptyState,
     GradientTransformation,
@@ -24,6 +23,7 @@ from sbfunc.optim._base import (
 )
 from sbfunc.optim._checks import check_real_or_schedule
 from sbfunc.optim._schedules import value_at
+from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_real
 
 __all__ = [

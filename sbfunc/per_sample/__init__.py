@@ -13,7 +13,6 @@ with logits.
 
 from sbfunc._namespace import api_dir
 from sbfunc.per_sample.eigen import GGNEigen, ggn_eigen
-from sbfunc.per_sample.engine import check_subsampling
 from sbfunc.per_sample.fallback import VmapFallbackWarning
 from sbfunc.per_sample.ggn import (
     batch_diag_ggn_exact,
@@ -42,7 +41,6 @@ __all__ = [
     "batch_diag_ggn_mc",
     "batch_grad",
     "batch_l2_grad",
-    "check_subsampling",
     "diag_ggn_exact",
     "diag_ggn_mc",
     "ggn_eigen",

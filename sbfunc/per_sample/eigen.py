@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc.batch import PerSample
-from sbfunc.module import Params
 from sbfunc.per_sample.factors import cat_factors, transform
 from sbfunc.per_sample.request import curvature
+from sbfunc.types import Params
 from sbfunc.validation import check_int
 
 __all__ = ["GGNEigen", "ggn_eigen"]

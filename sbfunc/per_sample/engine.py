@@ -60,9 +60,6 @@ def check_wrt(wrt: Sequence[str] | None) -> tuple[str, ...] | None:
         >>> from sbfunc.per_sample.engine import check_wrt
         >>> check_wrt(["0", "1.bias"])
         ('0', '1.bias')
-
-    References:
-        optax-style keyword-only options (``optax.masked``-like selection).
     """
     if wrt is None:
         return None
@@ -91,9 +88,6 @@ def resolve_wrt(wrt: Sequence[str] | None, params: Params) -> list[str]:
         >>> resolve_wrt(["0"], {"0.weight": torch.ones(1), "0.bias": torch.ones(1),
         ...                     "1.weight": torch.ones(1)})
         ['0.weight', '0.bias']
-
-    References:
-        ``torch.func.functional_call`` parameter names (``state_dict`` keys).
     """
     if wrt is None:
         return list(params)
@@ -146,9 +140,6 @@ def check_subsampling(subsampling: Any, n: int) -> torch.Tensor:
         Traceback (most recent call last):
         ...
         ValueError: subsampling[1] = 5 is out of range for a batch of 5 samples: ...
-
-    References:
-        Dangel et al. 2020, "BackPACK", ``BatchGrad(subsampling=...)``.
     """
     if _valid_int_list(subsampling, n):  # a Python list: validated without tensor ops
         return torch.tensor(subsampling, dtype=torch.long)
@@ -245,7 +236,7 @@ def compute(
 
     Raises:
         ValueError: for ``params``/``buffers`` that do not match the module behind a
-            :class:`~sbfunc.ModuleLoss` (checked first, before any forward), a bad
+            :class:`~sbfunc.module.ModuleLoss` (checked first, before any forward), a bad
             ``chunk_size``, unknown ``wrt`` names, bad indices, a loss that is not ``[N]`` or
             train-mode BatchNorm.
 

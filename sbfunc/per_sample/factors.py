@@ -28,7 +28,8 @@ from sbfunc.per_sample.intercept import LayerRecorder
 from sbfunc.per_sample.layers import Contraction, ConvLayer
 from sbfunc.per_sample.loss_hessian import draw_noise, element_weight, sampled_sqrt, sqrt_hessian
 from sbfunc.per_sample.request import Chunk, Curvature, check_output, chunks
-from sbfunc.random import Key, check_key
+from sbfunc.random import Key
+from sbfunc.random.keys import check_key
 
 __all__ = ["cat_factors", "factor_chunks", "factor_iter", "transform"]
 
@@ -183,9 +184,6 @@ def factor_chunks(
         ...                       chunk_size=2, key=None)
         >>> [tuple(f["weight"].shape) for f in parts]
         [(2, 2, 2, 3), (2, 1, 2, 3)]
-
-    References:
-        Dangel et al. 2020, "BackPACK" (``SqrtGGNExact``, ``SqrtGGNMC``).
     """
     if c.mc_samples is not None:
         key = check_key(key, "key")
@@ -267,9 +265,6 @@ def transform(
         >>> count(*sbfunc.split_module(model), (torch.ones(5, 3), torch.ones(5, 2)),
         ...       chunk_size=2)
         {'n': tensor(5)}
-
-    References:
-        Dangel et al. 2020, "BackPACK" (quantities reduced from the factors).
     """
 
     def f(

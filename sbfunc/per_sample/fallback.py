@@ -38,10 +38,6 @@ class VmapFallbackWarning(UserWarning):
         >>> from sbfunc.per_sample import VmapFallbackWarning
         >>> issubclass(VmapFallbackWarning, UserWarning)
         True
-
-    References:
-        torch.func ``vmap`` limitations (data-dependent control flow, missing batching rules);
-        Dangel et al. 2020, "BackPACK" (its RNN extensions).
     """
 
 

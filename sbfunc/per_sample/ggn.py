@@ -17,13 +17,13 @@ from typing import Any
 import torch
 
 from sbfunc.batch import PerSample
-from sbfunc.module import Params
 from sbfunc.per_sample.factors import factor_iter, transform
 from sbfunc.per_sample.intercept import LayerRecorder
 from sbfunc.per_sample.loss_hessian import element_weight, hessian_vector
 from sbfunc.per_sample.request import Chunk, Curvature, check_output, chunks, curvature
 from sbfunc.per_sample.sqrt_ggn import KeyedTransform
 from sbfunc.per_sample.transforms import PerSampleTransform
+from sbfunc.types import Params
 
 __all__ = [
     "batch_diag_ggn_exact",

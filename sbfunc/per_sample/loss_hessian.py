@@ -87,9 +87,6 @@ def criterion_kind(criterion: Any) -> Kind:
         Traceback (most recent call last):
         ...
         ValueError: the GGN is not available for the criterion l1_loss; supported criteria: ...
-
-    References:
-        Dangel et al. 2020, "BackPACK" (``SqrtGGNExact`` supports these three losses).
     """
     kind = _FUNCTIONS.get(criterion)
     if kind is not None:
@@ -122,9 +119,6 @@ def element_weight(kind: Kind, out: torch.Tensor, n: int, reduction: str) -> flo
         >>> from sbfunc.per_sample.loss_hessian import element_weight
         >>> element_weight("mse", torch.zeros(4, 5), 8, "mean")
         0.025
-
-    References:
-        PyTorch loss ``reduction`` semantics (mean over all loss elements).
     """
     if reduction == "sum":
         return 1.0
@@ -218,9 +212,6 @@ def draw_noise(kind: Kind, k: Key, mc_samples: int, like: torch.Tensor, s: int) 
         >>> from sbfunc.per_sample.loss_hessian import draw_noise
         >>> draw_noise("mse", sbfunc.random.key(0), 3, torch.zeros(1, 2), 5).shape
         torch.Size([3, 5, 2])
-
-    References:
-        JAX ``jax.random`` (explicit keys, one draw per shape).
     """
     per_sample = like.shape[2:] if kind == "cross_entropy" else like.shape[1:]
     return _uniform(k, (mc_samples, s, *per_sample), like)

@@ -10,11 +10,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.batch import PerSample, batch_size, check_per_sample, take
+from sbfunc.batch import PerSample, batch_size, take
 from sbfunc.module import ModuleLoss, Params
 from sbfunc.module_checks import check_state
 from sbfunc.per_sample.engine import check_subsampling, check_wrt, resolve_wrt
 from sbfunc.per_sample.loss_hessian import Kind, criterion_kind
+from sbfunc.rows import check_per_sample
 from sbfunc.validation import check_choice, check_int, describe
 
 __all__ = ["Chunk", "Curvature", "check_output", "chunks", "curvature", "select"]
@@ -105,16 +106,13 @@ def select(subsampling: Any, n: int) -> torch.Tensor | None:
     Raises:
         TypeError: for non-integer indices.
         ValueError: for an empty or non-1-D list, or an index outside ``[0, n)``
-            (:func:`~sbfunc.per_sample.check_subsampling`, shared with the first-order
+            (:func:`~sbfunc.per_sample.engine.check_subsampling`, shared with the first-order
             transforms).
 
     Example:
         >>> from sbfunc.per_sample.request import select
         >>> select([0, 3, 3], 4)
         tensor([0, 3, 3])
-
-    References:
-        Dangel et al. 2020, "BackPACK", ``SqrtGGNExact(subsampling=...)``.
     """
     return None if subsampling is None else check_subsampling(subsampling, n)
 
@@ -139,9 +137,6 @@ def check_output(c: Curvature, out: Any, m: int) -> None:
         Traceback (most recent call last):
         ...
         ValueError: the model output must be a tensor [4, ...] for a chunk of 4 samples, got ...
-
-    References:
-        PyTorch loss input shapes (``[N, C, d1, ...]`` for cross-entropy).
     """
     if not isinstance(out, torch.Tensor) or out.dim() < 1 or out.shape[0] != m:
         raise ValueError(
@@ -160,9 +155,6 @@ class Chunk(NamedTuple):
         >>> from sbfunc.per_sample.request import Chunk
         >>> Chunk(torch.zeros(2, 3), 2, 0, 2, 10).m
         2
-
-    References:
-        Dangel et al. 2020, "BackPACK" (``subsampling``).
     """
 
     batch: Any
@@ -208,9 +200,6 @@ def chunks(
         ...                       torch.ones(5, 2)), [4, 0, 0], 2)
         >>> names, [(p.m, p.start, p.s, p.n) for p in parts]
         (['bias'], [(2, 0, 3, 5), (1, 2, 3, 5)])
-
-    References:
-        Dangel et al. 2020, "BackPACK" (``subsampling``).
     """
     check_state(c.loss_fn, params, buffers)
     if chunk_size is not None:

@@ -19,11 +19,11 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from sbfunc.batch import PerSample
-from sbfunc.module import Params
 from sbfunc.per_sample.factors import cat_factors, transform
 from sbfunc.per_sample.request import curvature
 from sbfunc.per_sample.transforms import PerSampleTransform
 from sbfunc.random import Key
+from sbfunc.types import Params
 
 __all__ = ["KeyedTransform", "sqrt_ggn_exact", "sqrt_ggn_mc"]
 
@@ -43,9 +43,6 @@ class KeyedTransform(Protocol[T_co]):
         >>> key = sbfunc.random.key(0)
         >>> f(*sbfunc.split_module(model), batch, key=key, subsampling=[1, 2])["weight"].shape
         torch.Size([4, 2, 3, 2])
-
-    References:
-        JAX ``jax.random`` (explicit keys); optax's ``GradientTransformation`` style.
     """
 
     def __call__(

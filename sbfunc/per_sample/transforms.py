@@ -14,8 +14,8 @@ Each transform takes a :class:`~sbfunc.module.LossFn` and returns
 * ``per_sample`` (at construction): which leaves of the batch are per-sample
   (:data:`sbfunc.batch.PerSample`), for batches the default rule misreads.
 
-The ``params`` and ``buffers`` given to a transform of a :class:`~sbfunc.ModuleLoss` are checked
-against its module (names and shapes, :func:`sbfunc.module_checks.check_state`) before any
+The ``params`` and ``buffers`` given to a transform of a :class:`~sbfunc.module.ModuleLoss` are
+checked against its module (names and shapes, :func:`sbfunc.module_checks.check_state`) before any
 forward; a plain loss function is not checked.
 
 Gradients are those of each sample's **own** loss ``loss_fn(...)[i]`` (unscaled). BackPACK
@@ -32,9 +32,10 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from sbfunc.batch import PerSample, batch_size, check_per_sample
+from sbfunc.batch import PerSample, batch_size
 from sbfunc.module import LossFn, Params, check_loss_fn
 from sbfunc.per_sample.engine import Stat, check_wrt, compute
+from sbfunc.rows import check_per_sample
 
 __all__ = [
     "PerSampleTransform",
@@ -59,9 +60,6 @@ class PerSampleTransform(Protocol[T_co]):
         >>> f = batch_grad(lambda p, b, x: (x * p["w"]).sum(1))
         >>> f({"w": torch.zeros(2)}, {}, torch.eye(2), subsampling=[1])["w"]
         tensor([[0., 1.]])
-
-    References:
-        optax's ``GradientTransformation`` style: pure functions, keyword-only options.
     """
 
     def __call__(
@@ -165,7 +163,7 @@ def batch_grad(
     Raises:
         TypeError: for a non-callable ``loss_fn``, a malformed ``wrt`` or ``per_sample``.
             Calls raise ``ValueError`` for ``params``/``buffers`` that do not match the
-            module of a :class:`~sbfunc.ModuleLoss`, bad indices, unknown ``wrt`` names,
+            module of a :class:`~sbfunc.module.ModuleLoss`, bad indices, unknown ``wrt`` names,
             train-mode BatchNorm or a loss that is not ``[N]``.
 
     Example:

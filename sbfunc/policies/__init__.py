@@ -5,7 +5,7 @@ non-finite rule included): the stateless fixed-count rules (:func:`rank_power`, 
 """
 
 from sbfunc._namespace import api_dir
-from sbfunc.policies.apply import Pruned, apply_policy, score_needed, unscorable_dropped
+from sbfunc.policies.apply import Pruned, apply_policy
 from sbfunc.policies.base import (
     EmptyState,
     Policy,
@@ -14,10 +14,7 @@ from sbfunc.policies.base import (
     ScoreRows,
     SelectArgs,
     SelectPolicy,
-    as_scores,
     bernoulli_selection,
-    check_ids,
-    check_scores,
     horvitz_thompson,
     make_policy,
     stateless,
@@ -34,19 +31,7 @@ from sbfunc.policies.infobatch import infobatch
 from sbfunc.policies.jiang import StaleState, jiang_cdf, stale_sb
 from sbfunc.policies.loshchilov import loshchilov
 from sbfunc.policies.queue import Queue, dequeue, empty_queue, enqueue, flush
-from sbfunc.policies.tables import (
-    LossHistory,
-    LossTable,
-    history_cdf,
-    history_init,
-    history_push,
-    table_init,
-    table_lookup,
-    table_needs,
-    table_ranks,
-    table_record,
-    table_update,
-)
+from sbfunc.policies.tables import LossHistory, LossTable
 
 __all__ = [
     "EmptyState",
@@ -64,18 +49,12 @@ __all__ = [
     "SelectPolicy",
     "StaleState",
     "apply_policy",
-    "as_scores",
     "bernoulli_selection",
-    "check_ids",
-    "check_scores",
     "dequeue",
     "empty_queue",
     "enqueue",
     "flush",
     "grad_norm_importance",
-    "history_cdf",
-    "history_init",
-    "history_push",
     "horvitz_thompson",
     "infobatch",
     "jiang_cdf",
@@ -85,18 +64,10 @@ __all__ = [
     "random_subset",
     "rank_power",
     "rho_loss",
-    "score_needed",
     "stale_sb",
     "stateless",
-    "table_init",
-    "table_lookup",
-    "table_needs",
-    "table_ranks",
-    "table_record",
-    "table_update",
     "tau_threshold",
     "top_k",
-    "unscorable_dropped",
     "variance_reduction",
 ]
 

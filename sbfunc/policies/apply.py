@@ -33,9 +33,6 @@ class Pruned(NamedTuple):
         ...                    torch.tensor([0.0, 3.0, 1.0, 2.0]), key=sbfunc.random.key(0))
         >>> out.batch, out.indices
         ((tensor([1, 3]),), tensor([1, 3]))
-
-    References:
-        Jiang et al. 2019 (score, select, prune).
     """
 
     batch: Any
@@ -70,7 +67,7 @@ def apply_policy(
         scores: ``Tensor[N]`` scores of the rows.
         key: an :mod:`sbfunc.random` key.
         ids: where the sample ids sit in the batch (an int, a str or a callable, see
-            :func:`sbfunc.extract`); ``None`` for policies without ids.
+            :func:`sbfunc.batch.extract`); ``None`` for policies without ids.
         epoch: the current epoch.
         elapsed: the fraction of training done.
         scored: which entries of ``scores`` are fresh (see :func:`score_needed`).
@@ -92,9 +89,6 @@ def apply_policy(
         ...                    key=sbfunc.random.key(0), ids="id")
         >>> out.batch["id"], out.weights
         (tensor([0]), None)
-
-    References:
-        Jiang et al. 2019 (score, select, prune); Mindermann et al. 2022.
     """
     n = batch_size(batch, per_sample=per_sample)
     if check_scores(scores) != n:
@@ -135,7 +129,7 @@ def score_needed(
         ids: its ``int64 Tensor[N]`` sample ids (``None`` for policies without ids).
         epoch: the current epoch.
         score_fn: ``batch -> Tensor[n]`` per-sample scores (e.g. a partial of
-            :func:`sbfunc.score_losses`).
+            :func:`sbfunc.score.score_losses`).
         per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`);
             ``None`` infers them.
 
@@ -147,15 +141,13 @@ def score_needed(
         ``score_rows`` that number is data-dependent (a variable shape).
 
     Example:
-        >>> from sbfunc.policies import score_needed, stale_sb
+        >>> from sbfunc.policies import stale_sb
+        >>> from sbfunc.policies.apply import score_needed
         >>> policy = stale_sb(1.0, num_ids=4)
         >>> state = policy.record(policy.init(), torch.tensor([3]), torch.tensor([0.5]), 0)
         >>> batch, ids = torch.tensor([1.0, 2.0]), torch.tensor([0, 3])
         >>> score_needed(policy, state, batch, ids, 0, lambda b: b * 10)
         (tensor([10.,  0.]), tensor([ True, False]), 1)
-
-    References:
-        Jiang et al. 2019 (Stale-SB skips the scoring forward of fresh rows).
     """
     n = batch_size(batch, per_sample=per_sample)
     if n == 0:  # an empty batch: no forward, and select returns an empty selection
@@ -200,7 +192,7 @@ def unscorable_dropped(
         A 0-d ``int64`` tensor on the scores' device, without a host sync.
 
     Example:
-        >>> from sbfunc.policies import unscorable_dropped
+        >>> from sbfunc.policies.apply import unscorable_dropped
         >>> scores = torch.tensor([1.0, float("nan"), float("inf"), 2.0])
         >>> unscorable_dropped(scores, None, torch.tensor([0, 2]))  # row 2 goes on
         tensor(1)
@@ -210,10 +202,6 @@ def unscorable_dropped(
         >>> finite = torch.tensor([False, True, True, True])  # row 0's input is not finite
         >>> unscorable_dropped(scores, fresh, torch.tensor([3]), finite=finite)
         tensor(2)
-
-    References:
-        Jiang et al. 2019 (score, select, prune); optax ``apply_if_finite`` (non-finite values
-        are never acted on).
     """
     bad = ~scores.isfinite()
     if scored is not None:

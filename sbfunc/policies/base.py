@@ -34,6 +34,7 @@ from sbfunc import random as sbrandom
 from sbfunc import validation
 from sbfunc.policies.placement import follow, following
 from sbfunc.select import Selection
+from sbfunc.types import EmptyState
 
 __all__ = [
     "EmptyState",
@@ -108,7 +109,7 @@ class Policy(NamedTuple):
         score_rows: ``None`` when ``select`` needs every row's score, else ``(state, ids,
             epoch) -> bool Tensor[N]``, the rows it needs (it remembers the others' losses),
             so the others' scoring forward can be skipped
-            (:func:`~sbfunc.policies.score_needed`).
+            (:func:`~sbfunc.policies.apply.score_needed`).
         record: ``None``, or ``(state, ids, losses, epoch) -> state`` for policies that keep
             per-id losses: remember losses computed elsewhere, e.g. by the training forward
             of the kept rows (``Scoring(reuse_losses=...)`` of Selective Backprop), so they
@@ -118,7 +119,7 @@ class Policy(NamedTuple):
             subset of this process's batch: the data-parallel wrappers of
             :mod:`sbfunc.distributed` that move kept rows between ranks. ``indices`` are the
             rows of ``batch`` selected here. :func:`~sbfunc.policies.apply_policy` calls it
-            instead of ``select`` and :func:`sbfunc.take`.
+            instead of ``select`` and :func:`sbfunc.batch.take`.
 
     Example:
         >>> from sbfunc.policies import top_k
@@ -137,19 +138,6 @@ class Policy(NamedTuple):
     score_rows: ScoreRows | None = None
     record: Record | None = None
     prune: Prune | None = None
-
-
-class EmptyState(NamedTuple):
-    """The state of a stateless policy (an empty pytree).
-
-    Example:
-        >>> from sbfunc.policies import EmptyState
-        >>> EmptyState()
-        EmptyState()
-
-    References:
-        DeepMind optax, ``EmptyState``.
-    """
 
 
 def check_scores(scores: torch.Tensor) -> int:
@@ -171,14 +159,11 @@ def check_scores(scores: torch.Tensor) -> int:
         ValueError: for a tensor that is not 1-D.
 
     Example:
-        >>> from sbfunc.policies import check_scores
+        >>> from sbfunc.policies.base import check_scores
         >>> check_scores(torch.zeros(3)), check_scores(torch.arange(2))
         (3, 2)
         >>> check_scores(torch.zeros(0))
         0
-
-    References:
-        Jiang et al. 2019 (per-sample loss scores); MosaicML Composer ``select_using_loss``.
     """
     fix = "pass one real score per row, a Tensor[N]"
     validation.check_tensor(scores, "scores", dim=1, fix=fix)
@@ -204,12 +189,9 @@ def as_scores(scores: torch.Tensor) -> torch.Tensor:
         ValueError: for a tensor that is not 1-D.
 
     Example:
-        >>> from sbfunc.policies import as_scores
+        >>> from sbfunc.policies.base import as_scores
         >>> as_scores(torch.tensor([3, 1])), as_scores(torch.tensor([True, False]))
         (tensor([3., 1.]), tensor([1., 0.]))
-
-    References:
-        MosaicML Composer ``select_using_loss`` (ranks an integer loss like a float one).
     """
     check_scores(scores)
     if scores.dtype.is_floating_point:
@@ -230,12 +212,9 @@ def check_ids(ids: torch.Tensor | None, n: int, policy: str) -> torch.Tensor:
         TypeError: if ``ids`` is not an integer tensor.
 
     Example:
-        >>> from sbfunc.policies import check_ids
+        >>> from sbfunc.policies.base import check_ids
         >>> check_ids(torch.tensor([4, 2]), 2, "rho_loss")
         tensor([4, 2])
-
-    References:
-        Loshchilov & Hutter 2015 (per-sample loss tables indexed by id).
     """
     if ids is None:
         raise ValueError(
@@ -322,9 +301,6 @@ class SelectArgs(NamedTuple):
         >>> from sbfunc.policies import SelectArgs
         >>> SelectArgs(sbfunc.random.key(0)).epoch
         0
-
-    References:
-        DeepMind optax (keyword-only extra arguments).
     """
 
     key: sbrandom.Key
@@ -349,13 +325,10 @@ def make_policy(
     Example:
         >>> from sbfunc.policies import EmptyState, make_policy
         >>> def count_calls(scores, state, a):  # keep the highest score, count the calls
-        ...     return sbfunc.Selection(scores.argmax().reshape(1)), state + 1
+        ...     return sbfunc.select.Selection(scores.argmax().reshape(1)), state + 1
         >>> policy = make_policy(lambda: 0, count_calls)
         >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
         (Selection(indices=tensor([1]), weights=None), 1)
-
-    References:
-        DeepMind optax, ``GradientTransformation``.
     """
 
     def select(
@@ -390,7 +363,7 @@ def stateless(
 
     Example:
         >>> from sbfunc.policies import stateless
-        >>> policy = stateless(lambda s, key, ids: sbfunc.Selection(s.argmax().reshape(1)))
+        >>> policy = stateless(lambda s, key, ids: sbfunc.select.Selection(s.argmax().reshape(1)))
         >>> policy.select(torch.tensor([1.0, 3.0]), policy.init(), key=sbfunc.random.key(0))
         (Selection(indices=tensor([1]), weights=None), EmptyState())
 

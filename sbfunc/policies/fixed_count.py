@@ -8,7 +8,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.policies.base import Policy, SelectArgs, check_ids, make_policy, stateless
-from sbfunc.select import Selection, check_keep, kept_count
+from sbfunc.select import Selection, kept_count
+from sbfunc.select.base import check_keep
 from sbfunc.select.samplers import random_indices, rank_power_indices, top_k_indices
 from sbfunc.validation import check_tensor
 
@@ -36,7 +37,8 @@ def rank_power(keep: float) -> Policy:
 
     Raises:
         TypeError: for ``keep`` not a number; at ``select``, for scores that are not a tensor
-            (integer and bool scores are accepted as floats, :func:`~sbfunc.policies.as_scores`).
+            (integer and bool scores are accepted as floats,
+            :func:`~sbfunc.policies.base.as_scores`).
         ValueError: for ``keep`` outside (0, 1]; at ``select``, for scores that are not 1-D.
 
     Example:

@@ -9,7 +9,8 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies.base import Policy, SelectArgs, as_scores, make_policy
 from sbfunc.policies.tables import Device
-from sbfunc.select import Selection, check_keep, kept_count
+from sbfunc.select import Selection, kept_count
+from sbfunc.select.base import check_keep
 from sbfunc.select.samplers import random_indices
 from sbfunc.validation import check_fraction, check_int
 
@@ -116,7 +117,7 @@ def variance_reduction(scores: torch.Tensor) -> torch.Tensor:
 
     Raises:
         TypeError, ValueError: for scores that are not a 1-D tensor (see
-            :func:`~sbfunc.policies.check_scores`).
+            :func:`~sbfunc.policies.base.check_scores`).
 
     Example:
         >>> from sbfunc.policies import variance_reduction

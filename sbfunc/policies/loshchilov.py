@@ -16,7 +16,8 @@ from sbfunc.policies.tables import (
     table_ranks,
     table_record,
 )
-from sbfunc.select import Selection, check_keep, gumbel_top_k, kept_count
+from sbfunc.select import Selection, gumbel_top_k, kept_count
+from sbfunc.select.base import check_keep
 from sbfunc.validation import check_int, check_real
 
 __all__ = ["loshchilov"]

@@ -52,16 +52,13 @@ def empty_queue(like: Any, *, per_sample: PerSample = None) -> Queue:
             infers them.
 
     Raises:
-        ValueError: if ``like`` is not a batch (see :func:`sbfunc.batch_size`).
+        ValueError: if ``like`` is not a batch (see :func:`sbfunc.batch.batch_size`).
         TypeError: for a malformed ``per_sample`` spec.
 
     Example:
         >>> from sbfunc.policies import empty_queue
         >>> empty_queue({"x": torch.zeros(3, 2), "name": ["a", "b", "c"]}).rows
         {'x': tensor([], size=(0, 2)), 'name': []}
-
-    References:
-        Jiang et al. 2019 (the selected-samples queue).
     """
     batch_size(like, per_sample=per_sample)
     return Queue(take(like, torch.zeros(0, dtype=torch.int64), per_sample=per_sample))
@@ -119,9 +116,6 @@ def enqueue(queue: Queue, rows: Any, *, per_sample: PerSample = None) -> Queue:
         >>> batch = (torch.arange(3), ("a", "b", "c"))
         >>> enqueue(enqueue(empty_queue(batch), batch), batch).rows
         (tensor([0, 1, 2, 0, 1, 2]), ('a', 'b', 'c', 'a', 'b', 'c'))
-
-    References:
-        Jiang et al. 2019 (the selected-samples queue).
     """
     batch_size(rows, per_sample=per_sample)
     old = _leaves(queue.rows, per_sample)
@@ -166,9 +160,6 @@ def dequeue(queue: Queue, b: int, *, per_sample: PerSample = None) -> tuple[Any 
         >>> out, q = dequeue(q, 2)
         >>> out, dequeue(q, 2)[0]
         ((tensor([0, 1]),), None)
-
-    References:
-        Jiang et al. 2019 (the selected-samples queue).
     """
     check_int(b, "b", low=1)
     size = batch_size(queue.rows, per_sample=per_sample)
@@ -194,9 +185,6 @@ def flush(queue: Queue, *, per_sample: PerSample = None) -> tuple[Any | None, Qu
         >>> out, q = flush(enqueue(empty_queue(batch), batch))
         >>> out, q.rows
         ((tensor([0, 1, 2]),), (tensor([], dtype=torch.int64),))
-
-    References:
-        Jiang et al. 2019 (the selected-samples queue).
     """
     if batch_size(queue.rows, per_sample=per_sample) == 0:
         return None, queue

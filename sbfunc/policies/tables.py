@@ -33,7 +33,7 @@ class LossHistory(NamedTuple):
         pushed: 0-d ``int64`` tensor, the number of (finite) losses ever pushed.
 
     Example:
-        >>> from sbfunc.policies import history_init
+        >>> from sbfunc.policies.tables import history_init
         >>> history_init(1024).values.shape
         torch.Size([1024])
 
@@ -53,7 +53,7 @@ class LossTable(NamedTuple):
         epoch: ``int64 Tensor[M]``, the epoch of each loss, ``-1`` where never seen.
 
     Example:
-        >>> from sbfunc.policies import table_init
+        >>> from sbfunc.policies.tables import table_init
         >>> table_init(5).epoch
         tensor([-1, -1, -1, -1, -1])
 
@@ -72,12 +72,9 @@ def history_init(size: int, *, device: Device = None) -> LossHistory:
         ValueError: for ``size < 1``.
 
     Example:
-        >>> from sbfunc.policies import history_init
+        >>> from sbfunc.policies.tables import history_init
         >>> history_init(4)
         LossHistory(values=tensor([0., 0., 0., 0.]), pushed=tensor(0))
-
-    References:
-        Jiang et al. 2019 (the loss history of size R).
     """
     check_int(size, "history", low=1)
     return LossHistory(
@@ -90,15 +87,11 @@ def history_push(history: LossHistory, losses: torch.Tensor) -> LossHistory:
     new buffer. NaN and infinite losses are left out, so they never poison the CDF.
 
     Example:
-        >>> from sbfunc.policies import history_init, history_push
+        >>> from sbfunc.policies.tables import history_init, history_push
         >>> history_push(history_init(3), torch.tensor([1.0, 2.0, 3.0, 4.0]))
         LossHistory(values=tensor([4., 2., 3.]), pushed=tensor(4))
         >>> history_push(history_init(3), torch.tensor([1.0, float("nan"), 2.0]))
         LossHistory(values=tensor([1., 2., 0.]), pushed=tensor(2))
-
-    References:
-        Jiang et al. 2019 (the loss history of size R); optax ``apply_if_finite``
-        (non-finite values never reach the state).
     """
     size, n = history.values.shape[0], losses.shape[0]
     dev = history.values.device
@@ -122,7 +115,7 @@ def history_cdf(history: LossHistory, losses: torch.Tensor) -> torch.Tensor:
     rank below every finite loss (see :mod:`sbfunc.select.base`).
 
     Example:
-        >>> from sbfunc.policies import history_cdf, history_init, history_push
+        >>> from sbfunc.policies.tables import history_cdf, history_init, history_push
         >>> h = history_push(history_init(8), torch.tensor([1.0, 2.0, 3.0, 4.0]))
         >>> history_cdf(h, torch.tensor([0.5, 2.0, 9.0, float("nan")]))
         tensor([0.0000, 0.5000, 1.0000, 0.0000])
@@ -146,12 +139,9 @@ def table_init(num_ids: int, *, device: Device = None) -> LossTable:
         ValueError: for ``num_ids < 1``.
 
     Example:
-        >>> from sbfunc.policies import table_init
+        >>> from sbfunc.policies.tables import table_init
         >>> table_init(2)
         LossTable(loss=tensor([0., 0.]), epoch=tensor([-1, -1]))
-
-    References:
-        Loshchilov & Hutter 2015 (the latest known loss of every sample).
     """
     check_int(num_ids, "num_ids", low=1)
     return LossTable(
@@ -164,12 +154,9 @@ def table_lookup(table: LossTable, ids: torch.Tensor) -> LossTable:
     """The rows of ``table`` for ``ids`` (a :class:`LossTable` of ``len(ids)`` entries).
 
     Example:
-        >>> from sbfunc.policies import table_init, table_lookup
+        >>> from sbfunc.policies.tables import table_init, table_lookup
         >>> table_lookup(table_init(3), torch.tensor([2]))
         LossTable(loss=tensor([0.]), epoch=tensor([-1]))
-
-    References:
-        Loshchilov & Hutter 2015.
     """
     ids = ids.to(table.loss.device)
     return LossTable(table.loss.index_select(0, ids), table.epoch.index_select(0, ids))
@@ -187,12 +174,9 @@ def table_update(
     With repeated ids in one call, which of their losses is kept is unspecified.
 
     Example:
-        >>> from sbfunc.policies import table_init, table_update
+        >>> from sbfunc.policies.tables import table_init, table_update
         >>> table_update(table_init(3), torch.tensor([2, 0]), torch.tensor([5.0, 1.0]), 4)
         LossTable(loss=tensor([1., 0., 5.]), epoch=tensor([ 4, -1,  4]))
-
-    References:
-        Loshchilov & Hutter 2015; Jiang et al. 2019 (Stale-SB's cached losses).
     """
     ids = ids.to(table.loss.device)
     old = table_lookup(table, ids)
@@ -214,7 +198,7 @@ def table_ranks(table: LossTable, ids: torch.Tensor) -> tuple[torch.Tensor, torc
     number of seen ids. Ties share the better rank.
 
     Example:
-        >>> from sbfunc.policies import table_init, table_ranks, table_update
+        >>> from sbfunc.policies.tables import table_init, table_ranks, table_update
         >>> t = table_update(table_init(4), torch.tensor([0, 1, 2]), torch.tensor([1., 3., 2.]), 0)
         >>> table_ranks(t, torch.tensor([1, 0]))
         (tensor([0, 2]), tensor(3))
@@ -236,16 +220,13 @@ def table_needs(
     least ``max_age`` epochs ago.
 
     Example:
-        >>> from sbfunc.policies import table_init, table_needs, table_update
+        >>> from sbfunc.policies.tables import table_init, table_needs, table_update
         >>> t = table_update(table_init(3), torch.tensor([0, 1]), torch.tensor([1.0, 2.0]), 0)
         >>> table_needs(t, torch.tensor([0, 2]), 3, None), table_needs(t, torch.tensor([0]), 3, 2)
         (tensor([False,  True]), tensor([True]))
 
     Raises:
         ValueError: if ``ids`` is ``None``.
-
-    References:
-        Jiang et al. 2019 (Stale-SB's stale losses); Loshchilov & Hutter 2015.
     """
     if ids is None:
         raise ValueError("a per-id policy needs sample ids: pass ids=<int64 Tensor[N]>")
@@ -267,12 +248,9 @@ def table_record(
     infinite loss never enters a table.
 
     Example:
-        >>> from sbfunc.policies import table_init, table_record
+        >>> from sbfunc.policies.tables import table_init, table_record
         >>> table_record(table_init(2), torch.tensor([0, 1]), torch.tensor([1.0, float("nan")]), 0)
         LossTable(loss=tensor([1., 0.]), epoch=tensor([ 0, -1]))
-
-    References:
-        optax ``apply_if_finite`` (non-finite values never reach the state).
     """
     finite = torch.isfinite(losses)
     return table_update(table, ids, losses, epoch, mask=finite if mask is None else mask & finite)

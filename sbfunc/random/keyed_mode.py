@@ -95,9 +95,6 @@ class KeyedMode(TorchFunctionMode):
         ...     _ = torch.nn.functional.dropout(torch.ones(3), 0.5)
         >>> mode.calls
         1
-
-    References:
-        PyTorch ``torch.overrides.TorchFunctionMode``.
     """
 
     def __init__(self, k: Key) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 
 from sbfunc.random._threefry import MASK, Word, block, counters, host_words, words
+from sbfunc.types import Key
 from sbfunc.validation import check_int
 
 __all__ = ["Key", "check_key", "fold_in", "is_key", "key", "split"]
 
-Key = torch.Tensor
-"""An ``int64`` tensor of shape ``(2,)`` holding two 32-bit words; build one with :func:`key`."""
 
 _HOST_SPLIT_MAX = 16  # above this many children, one vectorised tensor pass is cheaper
 
@@ -36,9 +35,6 @@ def is_key(obj: object) -> bool:
     Example:
         >>> sbfunc.random.is_key(sbfunc.random.key(3)), sbfunc.random.is_key(3)
         (True, False)
-
-    References:
-        JAX ``jax.random.key_data`` (a raw Threefry key is ``uint32[2]``).
     """
     return isinstance(obj, torch.Tensor) and obj.dtype == torch.int64 and tuple(obj.shape) == (2,)
 
@@ -58,13 +54,10 @@ def check_key(obj: object, name: str = "key") -> Key:
             the argument, the expected form and what was received.
 
     Example:
-        >>> sbfunc.random.check_key(torch.tensor(0))
+        >>> sbfunc.random.keys.check_key(torch.tensor(0))
         Traceback (most recent call last):
         ...
         TypeError: key must be an int64 tensor of shape (2,)...shape () on device cpu
-
-    References:
-        JAX ``jax.random`` key validation (``_check_prng_key``).
     """
     if not is_key(obj):
         raise TypeError(

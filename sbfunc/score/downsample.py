@@ -26,7 +26,8 @@ def check_scale_factor(scale_factor: float) -> float:
     """Validate ``scale_factor`` in (0, 1] and return it as a float.
 
     Example:
-        >>> sbfunc.score.check_scale_factor(0.5)
+        >>> from sbfunc.score.downsample import check_scale_factor
+        >>> check_scale_factor(0.5)
         0.5
     """
     return check_fraction(scale_factor, "scale_factor", open_low=True, fix="1 scores at full size")
@@ -130,9 +131,6 @@ def check_downsampled_scoring(
         Traceback (most recent call last):
         ...
         ValueError: scoring with scale_factor=0.5 ...only scale_factor=1 works...
-
-    References:
-        MosaicML Composer ``select_using_loss`` (``scale_factor`` downsampling).
     """
 
     def runs(factor: float) -> str | None:

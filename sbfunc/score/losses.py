@@ -69,7 +69,7 @@ def score_losses(
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
         >>> params, buffers = sbfunc.split_module(model)
         >>> batch = (torch.randn(8, 1, 4, 4), torch.randint(0, 3, (8,)))
-        >>> sbfunc.score_losses(loss_fn, params, buffers, batch).shape
+        >>> sbfunc.score.score_losses(loss_fn, params, buffers, batch).shape
         torch.Size([8])
 
     References:

@@ -19,7 +19,7 @@ class Scoring(NamedTuple):
         loss_fn: the per-sample score, ``loss_fn(params, buffers, batch) -> Tensor[N]``
             (higher = more useful to backpropagate; usually the loss). ``None`` (default): the
             training step's loss, which :func:`sbfunc.make_train_step` gives through
-            ``SelectiveBackprop.bind``. A :class:`sbfunc.ModuleLoss` is scored in eval mode
+            ``SelectiveBackprop.bind``. A :class:`sbfunc.module.ModuleLoss` is scored in eval mode
             (``loss_fn.with_train(False)``: deterministic, no BatchNorm statistics updates)
             unless ``train=True``.
         train: score in the model's train mode (Composer's behaviour: dropout noise, BatchNorm
@@ -37,7 +37,7 @@ class Scoring(NamedTuple):
             without dropout or batch normalization).
 
     Example:
-        >>> sbfunc.Scoring(dtype=torch.bfloat16)
+        >>> sbfunc.score.Scoring(dtype=torch.bfloat16)
         Scoring(loss_fn=None, train=False, dtype=torch.bfloat16, input=0, reuse_losses=None)
 
     References:
@@ -68,13 +68,13 @@ def check_scoring(scoring: Scoring, scale_factor: float) -> Scoring:
 
     Example:
         >>> from sbfunc.score.options import check_scoring
-        >>> check_scoring(sbfunc.Scoring(train="yes"), 1.0)
+        >>> check_scoring(sbfunc.score.Scoring(train="yes"), 1.0)
         Traceback (most recent call last):
         ...
         TypeError: scoring.train must be True or False, got 'yes'
     """
     if not isinstance(scoring, Scoring):
-        raise TypeError(f"scoring must be an sbfunc.Scoring(...), got {scoring!r:.80}")
+        raise TypeError(f"scoring must be an sbfunc.score.Scoring(...), got {scoring!r:.80}")
     if scoring.loss_fn is not None:
         check_loss_fn(scoring.loss_fn, "scoring.loss_fn")
     if not isinstance(scoring.train, bool):

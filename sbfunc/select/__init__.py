@@ -2,12 +2,11 @@
 :mod:`sbfunc.policies` are built from (with explicit randomness)."""
 
 from sbfunc._namespace import api_dir
-from sbfunc.select.base import Selection, check_keep, kept_count, nonfinite_lowest, ranks
+from sbfunc.select.base import Selection, kept_count, nonfinite_lowest, ranks
 from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
 
 __all__ = [
     "Selection",
-    "check_keep",
     "gumbel_top_k",
     "kept_count",
     "nonfinite_lowest",

@@ -39,8 +39,8 @@ class Selection(NamedTuple):
             weights of unbiased samplers), or ``None`` for an unweighted mean.
 
     Example:
-        >>> sel = sbfunc.Selection(torch.tensor([0, 2]))
-        >>> sbfunc.take((torch.arange(3.0), torch.tensor([7, 8, 9])), sel.indices)
+        >>> sel = sbfunc.select.Selection(torch.tensor([0, 2]))
+        >>> sbfunc.batch.take((torch.arange(3.0), torch.tensor([7, 8, 9])), sel.indices)
         (tensor([0., 2.]), tensor([7, 9]))
         >>> sel.weights is None
         True
@@ -63,12 +63,8 @@ def check_keep(keep: float) -> float:
         ValueError: for NaN or a value outside (0, 1].
 
     Example:
-        >>> sbfunc.select.check_keep(0.25)
+        >>> sbfunc.select.base.check_keep(0.25)
         0.25
-
-    References:
-        MosaicML Composer ``SelectiveBackprop(keep=...)`` and ``select_using_loss`` (which
-        divide by zero at ``keep=0`` and fail in numpy above 1).
     """
     return check_fraction(
         keep, "keep", open_low=True, fix="keep is the fraction of rows kept, e.g. 0.5"
@@ -97,10 +93,6 @@ def kept_count(n: int, keep: float) -> int:
         >>> from sbfunc.select import kept_count
         >>> kept_count(100, 0.29), kept_count(1, 0.5), kept_count(0, 0.5)
         (29, 1, 0)
-
-    References:
-        MosaicML Composer ``select_using_loss`` (``int(keep * N)``, which can keep no row);
-        Python ``repr`` of floats (the shortest decimal that reads back).
     """
     keep = check_keep(keep)
     if isinstance(n, bool) or not isinstance(n, int | torch.SymInt):
@@ -129,9 +121,6 @@ def nonfinite_lowest(scores: torch.Tensor) -> torch.Tensor:
     Example:
         >>> sbfunc.select.nonfinite_lowest(torch.tensor([1.0, float("nan"), float("inf")]))
         tensor([1., -inf, -inf])
-
-    References:
-        optax ``apply_if_finite`` (non-finite values are never acted on).
     """
     if not scores.dtype.is_floating_point:
         return scores

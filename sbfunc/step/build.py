@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sbfunc.batch import PerSample, check_per_sample
+from sbfunc.batch import PerSample
 from sbfunc.engine import Algorithm
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation
+from sbfunc.rows import check_per_sample
 from sbfunc.step.microbatch import microbatching
 from sbfunc.step.replicas import ONE_PROCESS, Replicas
 from sbfunc.step.train_step import NonFinite, TrainStep
@@ -36,7 +37,7 @@ def make_train_step(
     per-batch events :data:`BATCH_EVENTS` in Composer's order and, between them:
 
     * after ``BEFORE_FORWARD``: the forward (``state.outputs`` is set for ``AFTER_FORWARD``
-      when ``loss_fn`` is a :class:`sbfunc.ModuleLoss`), then ``AFTER_FORWARD`` and
+      when ``loss_fn`` is a :class:`sbfunc.module.ModuleLoss`), then ``AFTER_FORWARD`` and
       ``BEFORE_LOSS``, then the per-sample losses of ``state.batch`` (so targets changed on
       ``BEFORE_LOSS`` count) and their weighted mean with ``state.sample_weights``
       (:func:`weighted_mean`);

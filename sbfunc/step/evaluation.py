@@ -12,7 +12,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
-from sbfunc.engine import Carry, Event, State, TrainState, apply_planned
+from sbfunc.engine import Event, State, TrainState
+from sbfunc.engine.run import Carry, apply_planned
 from sbfunc.engine.writes import EVALUATION
 
 if TYPE_CHECKING:

@@ -20,6 +20,7 @@ from torch.func import grad_and_value
 
 from sbfunc.optim._finite import all_finite as tensors_all_finite
 from sbfunc.optim._finite import keep_if_finite
+from sbfunc.types import Params
 
 __all__ = [
     "all_finite",
@@ -32,8 +33,6 @@ __all__ = [
     "weighted_mean",
 ]
 
-Params = dict[str, torch.Tensor]
-
 
 def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """``mean(weights * losses)`` over the rows (plain mean without weights).
@@ -42,7 +41,7 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     mean over the kept rows estimates the mean loss over the whole batch.
 
     Example:
-        >>> sbfunc.weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
+        >>> sbfunc.step.weighted_mean(torch.tensor([1.0, 3.0]), torch.tensor([2.0, 0.0]))
         tensor(1.)
 
     References:

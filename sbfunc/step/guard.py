@@ -1,86 +1,120 @@
-"""The step's non-finite guard, both halves: corrupt rows masked before the forward
-(:mod:`sbfunc.step.nonfinite`) and counted with the rows a selection left out for a
-non-finite score, and an update whose loss or gradient is not finite kept from
-the parameters, the optimizer state and the buffers (as optax ``apply_if_finite``, without a
-host sync: one ``torch.where`` per tensor on a device or under the compiler; eagerly on the
-CPU the flag is a host value already, and a branch skips the selects)."""
+"""The step's non-finite policy, one component: :class:`NonFiniteGuard`.
+
+``make_train_step(..., nonfinite=...)`` picks it: ``"skip"`` (the default) leaves a corrupt row
+out of the update and keeps a non-finite update from the state, counting both; ``"raise"``
+raises ``FloatingPointError`` instead (reading the flags syncs); ``"allow"`` applies every
+update as it is and counts nothing. The guard acts at three points of the step: before the
+forward it zeroes the rows whose inputs are not finite (:meth:`NonFiniteGuard.mask`, see
+:mod:`sbfunc.step.nonfinite`); after the update it keeps the old parameters, optimizer state
+and buffers when the loss or a gradient is not finite (:meth:`NonFiniteGuard.keep`, as optax
+``apply_if_finite``, without a host sync); and it counts the rows left out
+(:meth:`NonFiniteGuard.rows_left_out`), with those a selection left out for a non-finite
+score, and raises on them with ``"raise"`` (:meth:`NonFiniteGuard.check`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import torch
 
+from sbfunc.engine.run import Carry
 from sbfunc.optim._finite import host_flag
 from sbfunc.rows import PerSample
-from sbfunc.step.gradients import keep_if_finite
+from sbfunc.step.gradients import all_finite, keep_if_finite
 from sbfunc.step.nonfinite import finite_rows, zero_rows
 from sbfunc.step.records import Out
 from sbfunc.step.replicas import Replicas
+from sbfunc.types import Params
 
-__all__ = ["count_unscorable", "keep_finite", "mask_corrupt_rows", "raise_if_nonfinite"]
+__all__ = ["NonFinite", "NonFiniteGuard"]
 
-
-def mask_corrupt_rows(batch: Any, *, per_sample: PerSample) -> tuple[Any, torch.Tensor | None]:
-    """``(batch, ok)``: the batch with its non-finite rows zeroed and the ``Tensor[N]`` mask
-    of finite rows; ``(batch, None)`` when every row is known to be finite (eagerly on the
-    CPU, where reading the flag costs no sync) or the batch has no floating-point rows.
-
-    Example:
-        >>> from sbfunc.step.guard import mask_corrupt_rows
-        >>> mask_corrupt_rows((torch.tensor([[1.0], [float("nan")]]),), per_sample=None)
-        ((tensor([[1.], [0.]]),), tensor([ True, False]))
-    """
-    ok = finite_rows(batch, per_sample=per_sample)
-    if ok is None or host_flag(ok.all()):
-        return batch, None
-    return zero_rows(batch, ok, per_sample=per_sample), ok
+NonFinite = Literal["skip", "raise", "allow"]
+"""``make_train_step``'s ``nonfinite`` values."""
 
 
-def keep_finite(
-    finite: torch.Tensor | None, new: Any, old: Any, *, device: torch.device
-) -> tuple[torch.Tensor, Any]:
-    """``(finite, new)`` when ``finite`` holds (or is ``None``: no check), else
-    ``(finite, old)``, over matching pytrees (the parameters, optimizer state and buffers
-    after and before the update); a ``None`` flag comes back as ``True`` on ``device``.
+class NonFiniteGuard(NamedTuple):
+    """What a step does with values that are not finite (see the module docs).
+
+    Attributes:
+        mode: ``"skip"``, ``"raise"`` or ``"allow"``.
+        per_sample: the batch's per-sample spec (:data:`sbfunc.batch.PerSample`).
 
     Example:
-        >>> from sbfunc.step.guard import keep_finite
-        >>> keep_finite(torch.tensor(False), {"w": torch.ones(1)}, {"w": torch.zeros(1)},
-        ...             device=torch.device("cpu"))
+        >>> from sbfunc.step.guard import NonFiniteGuard
+        >>> guard = NonFiniteGuard("skip", None)
+        >>> guard.keep(torch.tensor(float("nan")), {}, None, {"w": torch.ones(1)},
+        ...            {"w": torch.zeros(1)})
         (tensor(False), {'w': tensor([0.])})
+
+    References:
+        optax ``apply_if_finite``; PyTorch ``torch.amp.GradScaler`` (skipped steps).
     """
-    if finite is None:
-        return torch.ones((), dtype=torch.bool, device=device), new
-    host = host_flag(finite)
-    if host is not None:  # eagerly on the CPU: branch instead of a torch.where per tensor
-        return finite, new if host else old
-    return finite, keep_if_finite(finite, new, old)
 
+    mode: NonFinite
+    per_sample: PerSample
 
-def count_unscorable(out: Out, unscorable: torch.Tensor | None) -> Out:
-    """``out`` with the rows a selection left out for a non-finite score
-    (``State.rows_unscorable``) added to ``out.rows_nonfinite``, so they are counted, warned
-    about and raised on like the rows the guard masks; unchanged with ``nonfinite="allow"``
-    (no count) or when no selection ran. Device tensors only: no sync.
+    def mask(self, carry: Carry) -> tuple[Carry, torch.Tensor | None]:
+        """``(carry, ok)``: the carry with the batch's non-finite rows zeroed and the
+        ``Tensor[N]`` mask of finite rows; ``(carry, None)`` as it came with ``"allow"``, when
+        every row is known to be finite (eagerly on the CPU, where reading the flag costs no
+        sync) or when the batch has no floating-point rows."""
+        if self.mode == "allow":
+            return carry, None
+        batch = carry.context.batch
+        ok = finite_rows(batch, per_sample=self.per_sample)
+        if ok is None or host_flag(ok.all()):
+            return carry, None
+        masked = zero_rows(batch, ok, per_sample=self.per_sample)
+        return carry._replace(context=carry.context._replace(batch=masked)), ok
 
-    Example:
-        >>> from sbfunc.step.guard import count_unscorable
-        >>> from sbfunc.step.records import Out
-        >>> out = Out(torch.tensor(0.5), 8, 4, torch.tensor(False), torch.tensor(0),
-        ...           torch.tensor(1))
-        >>> count_unscorable(out, torch.tensor(2)).rows_nonfinite
-        tensor(3)
-    """
-    counted = out.rows_nonfinite
-    if counted is None or unscorable is None:
+    def keep(
+        self, loss: torch.Tensor, grads: Params, apply: torch.Tensor | None, new: Any, old: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """``(finite, new)`` when the loss and gradients are finite (always with ``"allow"``)
+        and ``apply`` (the replicas' flag; ``None``: no flag) holds, else ``(finite, old)``,
+        over matching pytrees (the state after and before the update). No host sync: one
+        ``torch.where`` per tensor on a device or under the compiler; eagerly on the CPU the
+        flag is a host value already, and a branch skips the selects."""
+        checked = None if self.mode == "allow" else all_finite(loss, grads)
+        if apply is not None:
+            checked = apply if checked is None else checked & apply
+        if checked is None:
+            return torch.ones((), dtype=torch.bool, device=loss.device), new
+        host = host_flag(checked)
+        if host is not None:
+            return checked, new if host else old
+        return checked, keep_if_finite(checked, new, old)
+
+    def rows_left_out(self, used: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+        """The rows the update left out for a non-finite input or loss, a 0-d ``int64``
+        tensor on ``like``'s device (``used``: the rows the loss used; ``None``: all), or
+        ``None`` with ``"allow"``."""
+        if used is not None:
+            return (~used).sum()
+        return None if self.mode == "allow" else like.new_zeros(())
+
+    def check(
+        self, out: Out, unscorable: torch.Tensor | None, step: int, replicas: Replicas
+    ) -> Out:
+        """On the host after the step: ``out`` with the rows a selection left out for a
+        non-finite score (``State.rows_unscorable``) counted too, so they are warned about and
+        raised on like the masked ones (no sync); with ``"raise"``, raise for a skipped update
+        or a left-out row (reads the flags: a sync).
+
+        Raises:
+            FloatingPointError: with ``"raise"``, for a skipped update (on every rank when any
+                rank had rows) or for rows left out of it.
+        """
+        counted = out.rows_nonfinite
+        if counted is not None and unscorable is not None:
+            out = out._replace(rows_nonfinite=counted + unscorable.to(counted.device))
+        if self.mode == "raise":
+            _raise_if_nonfinite(out, step, replicas)
         return out
-    return out._replace(rows_nonfinite=counted + unscorable.to(counted.device))
 
 
-def raise_if_nonfinite(out: Out, step: int, replicas: Replicas) -> None:
-    """``nonfinite="raise"``: raise ``FloatingPointError`` for a skipped update (on every rank
-    when any rank had rows) or for rows left out of it. Reads the flags (a device sync)."""
+def _raise_if_nonfinite(out: Out, step: int, replicas: Replicas) -> None:
     had_rows = out.samples_backpropagated > 0
     if (had_rows or replicas.collective) and bool(out.skipped) and replicas.any_rank(had_rows):
         where = " on some rank" if replicas.collective else ""

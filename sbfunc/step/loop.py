@@ -23,7 +23,7 @@ class Duration(NamedTuple):
     """Training length in epochs or in steps (exactly one of them).
 
     Example:
-        >>> sbfunc.Duration(epochs=3).total_steps(steps_per_epoch=10)
+        >>> sbfunc.step.Duration(epochs=3).total_steps(steps_per_epoch=10)
         30
 
     References:
@@ -58,7 +58,7 @@ class FitResult:
 
     Example:
         >>> state = sbfunc.TrainState({}, {}, sbfunc.random.key(0))
-        >>> result = sbfunc.FitResult(state, [])
+        >>> result = sbfunc.step.FitResult(state, [])
         >>> final, history = result
         >>> history, result.evaluations
         ([], ())
@@ -81,7 +81,7 @@ def _interval(value: Duration | None, name: str) -> tuple[str, int] | None:
     if value is None:
         return None
     if not isinstance(value, Duration):
-        raise TypeError(f"{name} must be an sbfunc.Duration or None, got {value!r}")
+        raise TypeError(f"{name} must be an sbfunc.step.Duration or None, got {value!r}")
     unit, n = ("epochs", value.epochs) if value.epochs is not None else ("steps", value.steps)
     if (value.epochs is None) == (value.steps is None) or (
         isinstance(n, bool) or not isinstance(n, int) or n < 1
@@ -152,8 +152,8 @@ def fit(
 
     **Evaluation** (with ``eval_data``): ``eval_fn(params, buffers, batch)`` returns a pytree of
     per-batch means; it runs under ``torch.no_grad()`` and must evaluate purely, in eval mode:
-    build it on :func:`sbfunc.eval_outputs` or :func:`sbfunc.predict` (eval mode on copies of
-    the buffers, so BatchNorm statistics never change). It runs after ``BATCH_END`` every
+    build it on :func:`sbfunc.module_eval.eval_outputs` or :func:`sbfunc.predict` (eval mode on
+    copies of the buffers, so BatchNorm statistics never change). It runs after ``BATCH_END`` every
     ``eval_every.steps`` steps or after ``EPOCH_END`` every ``eval_every.epochs`` epochs
     (default: every epoch), and after ``FIT_END`` unless the schedule just evaluated the final
     state (Composer's default ``eval_interval`` and end-of-training evaluation). See
@@ -235,12 +235,13 @@ def fit(
         Evaluation every epoch, and a checkpoint every 4 steps:
 
         >>> def metrics(params, buffers, batch):
-        ...     return {"loss": sbfunc.eval_outputs(loss_fn, params, buffers, batch).losses.mean()}
+        ...     out = sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)
+        ...     return {"loss": out.losses.mean()}
         >>> import tempfile, os
         >>> folder = tempfile.mkdtemp()
         >>> result = sbfunc.fit(step, state, data, epochs=2, progress=False, eval_data=data[:1],
         ...                     eval_fn=metrics, checkpoint=os.path.join(folder, "s{step}.pt"),
-        ...                     save_every=sbfunc.Duration(steps=4))
+        ...                     save_every=sbfunc.step.Duration(steps=4))
         >>> [(e.step, e.event.name) for e in result.evaluations]
         [(3, 'EPOCH_END'), (6, 'EPOCH_END')]
         >>> type(result.evaluations[-1].metrics["loss"])  # read to the host, once per evaluation

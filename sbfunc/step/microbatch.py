@@ -30,9 +30,9 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size, take
-from sbfunc.engine import Carry
-from sbfunc.module import Params
+from sbfunc.engine.run import Carry
 from sbfunc.step.objective import Fire, Objective
+from sbfunc.types import Params
 
 __all__ = ["Microbatching", "accumulate", "microbatching"]
 

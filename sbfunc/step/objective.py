@@ -18,7 +18,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
-from sbfunc.engine import Carry, Event, State, Time
+from sbfunc.engine import Event, State, Time
+from sbfunc.engine.run import Carry
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim._finite import host_flag
 from sbfunc.step.gradients import (
@@ -97,7 +98,7 @@ class Objective(NamedTuple):
     """How one step turns a batch into a loss and gradients.
 
     Attributes:
-        loss_fn: the per-sample training loss (a :class:`~sbfunc.ModuleLoss` runs its
+        loss_fn: the per-sample training loss (a :class:`~sbfunc.module.ModuleLoss` runs its
             forward and criterion apart, with ``AFTER_FORWARD``/``BEFORE_LOSS`` between).
         per_sample: the batch's per-sample spec.
         mask_nonfinite: leave rows whose loss is not finite out of the loss.

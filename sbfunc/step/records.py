@@ -6,7 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.engine import Event, Plan, Time, Trace
+from sbfunc.engine import Event, Time, Trace
+from sbfunc.engine.plan import Plan
 
 __all__ = ["BATCH_EVENTS", "Out", "StepMetrics", "StepPlan"]
 
@@ -43,7 +44,7 @@ class StepMetrics(NamedTuple):
             included (``State.rows_unscorable``); ``None`` with ``nonfinite="allow"``.
 
     Example:
-        >>> m = sbfunc.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
+        >>> m = sbfunc.step.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
         >>> m.samples_backpropagated / m.samples_in_batch
         0.5
 

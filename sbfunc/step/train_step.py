@@ -1,58 +1,47 @@
-"""The pure training step: host decisions, then one traceable core, then the host clock.
+"""The training step: ``step(state, batch) -> (state, metrics)``, a pure function.
 
-``step(state, batch)`` runs in three parts. :meth:`TrainStep.plan` decides on the host which
-algorithms run on each of the 11 per-batch events (``match`` once per algorithm and event it
-listens to, from ``state.time``; the order was fixed when the step was built, and plans are
-cached by their decisions) and makes the time tensors. :meth:`TrainStep.core` does all the
-tensor work (the algorithms' ``apply``, forward, loss, gradients, the gradient transform and
-its update, the non-finite guard) and reads no Python number that changes from step to step.
-:meth:`TrainStep.finish` advances the host :class:`~sbfunc.Time`.
+Same ``state`` and ``batch``, same result: every random draw derives from ``state.key``, and
+nothing outside the arguments changes (the input state is not modified). One call fires the 11
+per-batch events (:data:`~sbfunc.step.records.BATCH_EVENTS`) in Composer's order around the
+forward, the gradients and the update. It runs in three parts, each callable on its own:
+:meth:`TrainStep.plan` decides on the host which algorithms run on each event (``match`` from
+``state.time``; plans are cached by their decisions); :meth:`TrainStep.core` does all the
+tensor work and reads no Python number that changes from step to step; :meth:`TrainStep.finish`
+advances the host :class:`~sbfunc.Time` and builds the :class:`StepMetrics`.
 
-:meth:`TrainStep.compile` compiles :meth:`TrainStep.core` alone, and ``plan`` and ``finish``
-run as plain Python around it: one compiled frame per step and one graph per plan (Selective
-Backprop on or off). Under ``torch.compile(step)`` the compiler traces
-:meth:`TrainStep.__call__` (not ``nn.Module.__call__``) instead: ``plan`` and ``finish`` are
-excluded (``torch.compiler.disable``), so a step is two compiled frames around the two host
-calls, with the same graph of the core per plan; no other graph break. A text field
-(a list of strings) reaches the compiled core as row indices
-(:func:`sbfunc.batch.strings_as_row_indices`), so new strings never recompile it.
+:meth:`TrainStep.core` reads top to bottom: the events before the forward (selection among
+them), the corrupt-row mask, forward and gradients (microbatched:
+:mod:`sbfunc.step.microbatch`), the replicas' mean (:mod:`sbfunc.step.replicas`),
+``AFTER_BACKWARD``, the gradient transform and its update, the non-finite keep
+(:mod:`sbfunc.step.guard`), the events after. How it compiles is :mod:`sbfunc.step.compile`;
+the walk-through is ``docs/concepts/step.md``.
 """
 
 from __future__ import annotations
 
-import types
 import zlib
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
-from torch import nn
 
 from sbfunc import random as sbrandom
-from sbfunc.batch import PerSample, batch_size, strings_as_row_indices
-from sbfunc.engine import (
-    Algorithm,
-    Carry,
-    Event,
-    Planner,
-    State,
-    Time,
-    Trace,
-    TrainState,
-    stream_ids,
-)
+from sbfunc.batch import PerSample, batch_size
+from sbfunc.engine import Algorithm, Event, State, Time, Trace, TrainState
 from sbfunc.engine.ordering import Pass
-from sbfunc.engine.run import advance_time, apply_planned, run_event, step_key
+from sbfunc.engine.plan import Planner
+from sbfunc.engine.run import Carry, advance_time, apply_planned, run_event, step_key
+from sbfunc.engine.trace import stream_ids
 from sbfunc.engine.writes import in_step
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim import GradientTransformation, apply_updates
-from sbfunc.step.compile_guards import compile_options
-from sbfunc.step.gradients import all_finite
-from sbfunc.step.guard import count_unscorable, keep_finite, mask_corrupt_rows, raise_if_nonfinite
+from sbfunc.random.keys import check_key
+from sbfunc.step.compile import CompilableStep
+from sbfunc.step.guard import NonFinite, NonFiniteGuard
 from sbfunc.step.microbatch import Microbatching, accumulate
-from sbfunc.step.objective import INSIDE_EVENTS, Objective
+from sbfunc.step.objective import INSIDE_EVENTS, Fire, Objective
 from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
-from sbfunc.step.replicas import ONE_PROCESS, Replicas
+from sbfunc.step.replicas import ONE_PROCESS, Replicas, no_rows_here
 from sbfunc.validation import check_int
 
 __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
@@ -60,15 +49,14 @@ __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
 
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
-NonFinite = Literal["skip", "raise", "allow"]
+_BEFORE_FORWARD = BATCH_EVENTS[:4]  # AFTER_DATALOADER ... BEFORE_FORWARD
 
 
-class TrainStep(nn.Module):
+class TrainStep(CompilableStep):
     """``step(state, batch) -> (state, metrics)``; build it with :func:`make_train_step`.
 
-    It is an ``nn.Module`` only so that ``torch.compile(step)`` returns a module that still has
-    :meth:`init` and :meth:`fire` (compiled modules forward attribute access); it has no
-    parameters of its own.
+    An ``nn.Module`` (through :class:`~sbfunc.step.compile.CompilableStep`, which says why)
+    with no parameters of its own; ``step.compile()`` compiles it in place.
 
     Example:
         >>> ce = torch.nn.functional.cross_entropy
@@ -104,6 +92,7 @@ class TrainStep(nn.Module):
         self.algorithms = tuple(algorithms)
         self.passes = tuple(passes)
         self.nonfinite = nonfinite
+        self.guard = NonFiniteGuard(nonfinite, per_sample)
         self.keyed_model = keyed_model
         self.planner = Planner(self.algorithms, self.passes, BATCH_EVENTS)
         self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
@@ -111,17 +100,6 @@ class TrainStep(nn.Module):
         self.objective = Objective(loss_fn, per_sample, nonfinite != "allow")
         self.writes = in_step(staged=isinstance(loss_fn, ModuleLoss))
         self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
-        # torch.compile caches graphs per code object: this step's own copy of the traced core
-        # keeps several compiled steps in one process out of each other's cache entries
-        # (otherwise every call checks the guards of every step's entries).
-        # (``__call__`` too: ``torch.compile(step)`` looks it up on the instance.)
-        for name in ("__call__", "core"):
-            fn = getattr(type(self), name)
-            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-            setattr(self, name, types.MethodType(own, self))
-        self.compiled_core: Any = None  # set by compile()
-        self._host_plan = torch.compiler.disable(self._prepare)
-        self._host_finish = torch.compiler.disable(self.finish)
 
     def init(
         self, params: Params, buffers: Params, *, key: torch.Tensor, total_steps: int | None = None
@@ -144,7 +122,7 @@ class TrainStep(nn.Module):
         """
         from sbfunc.module_checks import check_state
 
-        sbrandom.check_key(key, "key")
+        check_key(key, "key")
         check_state(self.loss_fn, params, buffers)  # types, names and shapes on the host
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps", low=1)
@@ -168,79 +146,13 @@ class TrainStep(nn.Module):
 
     def fire(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
         """Run one event outside the step (``INIT``, ``EPOCH_END``, ...) with this step's
-        algorithms and order (see :func:`sbfunc.run_event`)."""
+        algorithms and order (see :func:`sbfunc.engine.run_event`)."""
         return run_event(event, state, self.algorithms, self.passes, planner=self.all_events)
-
-    def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
-        """One training step on ``batch``: ``plan``, ``core``, ``finish``.
-
-        After :meth:`compile` the core is the compiled one; ``torch.compile(step)`` traces
-        this method itself, with ``plan`` and ``finish`` excluded (see the module docs).
-        """
-        if torch.compiler.is_compiling():  # the host parts stay out of the graph
-            plan, batch = self._host_plan(state, batch, True)
-            carry, out = self.core(plan, state, batch)
-            return self._host_finish(state, carry, out)
-        if self.compiled_core is not None:  # step.compile(): host plan, compiled core
-            plan, batch = self._prepare(state, batch, True)
-            carry, out = self.compiled_core(plan, state, batch)
-        else:
-            plan = self.plan(state, batch)
-            carry, out = self.core(plan, state, batch)
-        return self.finish(state, carry, out)
-
-    def compile(self, *, library_guards: bool = False, **options: Any) -> None:
-        """Compile the step in place: :meth:`core` with ``torch.compile(**options)``, while
-        :meth:`plan` and :meth:`finish` run as plain Python around it (``jax.jit`` of the
-        pure part). The fastest way to compile a step: one compiled frame per call (the
-        core's), where ``torch.compile(step)`` has two (the entry frame and the resume frame
-        after the host plan), with the same graphs and results; and the guards on library
-        globals left out (:mod:`sbfunc.step.compile_guards`), which on small models cost more
-        than the step's arithmetic.
-
-        Args:
-            library_guards: keep the guards on sbfunc's, torch's and the standard library's
-                globals too (``torch.compile``'s default; slower, and only needed if you
-                patch those modules between steps).
-            **options: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
-                ``dynamic``, ``options``); a ``guard_filter_fn`` in ``options`` replaces
-                the default one (see :func:`sbfunc.step.compile_guards.compile_options`).
-
-        Raises:
-            TypeError: if ``library_guards`` is not a bool.
-
-        Example:
-            >>> ce = torch.nn.functional.cross_entropy
-            >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
-            >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
-            >>> step.compile(backend="eager", fullgraph=True)
-            >>> state = step.init(*sbfunc.split_module(torch.nn.Linear(2, 2)),
-            ...                   key=sbfunc.random.key(0))
-            >>> state, m = step(state, (torch.randn(4, 2), torch.tensor([0, 1, 1, 0])))
-            >>> state.time.step
-            1
-
-        References:
-            ``torch.nn.Module.compile``; ``jax.jit``.
-        """
-        options = compile_options(options, library_guards=library_guards)
-        self.compiled_core = torch.compile(self.core, **options)
-
-    def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
-        """The same as calling the step (``nn.Module``'s entry point)."""
-        return self(state, batch)
-
-    def _prepare(self, state: TrainState, batch: Any, compiling: bool) -> tuple[StepPlan, Any]:
-        """The plan, and under compilation the batch with text fields as row indices (so the
-        compiled core never guards on strings)."""
-        if compiling:
-            batch = strings_as_row_indices(batch, per_sample=self.per_sample)
-        return self.plan(state, batch), batch
 
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` from ``state.time``; events
         after the update see ``step`` and ``batch_in_epoch`` advanced) and make the time
-        tensors. Excluded from ``torch.compile``."""
+        tensors. Excluded from compilation."""
         if not isinstance(state, TrainState):
             raise TypeError(
                 f"state must be an sbfunc.TrainState (from step.init), got {type(state).__name__}"
@@ -267,18 +179,57 @@ class TrainStep(nn.Module):
         need_time = self.keyed_model or bool(events)
         return StepPlan(events, time.as_tensors(device) if need_time else None)
 
-    def _fire(self, plan: StepPlan, event: Event, carry: Carry, root: torch.Tensor) -> Carry:
-        planned = self.planner.planned(plan.events, event)
-        if not planned:
-            return carry
-        return apply_planned(event, planned, carry, self.leaves, root, writes=self.writes)
-
     def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, Out]:
-        """The tensor work of one step under ``plan``; compiles with ``fullgraph=True`` for
-        fixed-size selections. Returns the carry (the new persistent values) and the outputs."""
-        root = state.key
+        """The tensor work of one step under ``plan``: the carry (the new persistent values)
+        and the outputs. Compiles with ``fullgraph=True`` for fixed-size selections."""
+        fire = self._firing(plan, state.key)
+        carry = self._start(plan, state, batch)
+        n_in = batch_size(batch, per_sample=self.per_sample)
+        for event in _BEFORE_FORWARD:  # selection (Selective Backprop) happens here
+            carry = fire(event, carry)
+        skipped = state.time.updates_skipped
+        if skipped is None:  # a hand-made Time: none skipped so far
+            skipped = torch.zeros((), dtype=torch.int64, device=state.key.device)
+        carry, ok = self.guard.mask(carry)  # a corrupt row costs one row
+        n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
+        if n_kept == 0 and not self.replicas.collective:  # no row on any process
+            return self._no_update(carry, fire, n_in, skipped)
+        if n_kept == 0:  # no row here, the other processes have some: contribute nothing
+            carry, grads, loss, used, n_bwd = no_rows_here(carry, state.key.device)
+        else:
+            carry, grads, loss, used, n_bwd = self._gradients(plan, carry, fire, ok)
+        grads, loss, apply = self.replicas.mean(grads, loss, n_bwd)
+        buffers = self.replicas.sync_buffers(carry.context.buffers)
+        context = carry.context._replace(grads=grads, buffers=buffers)
+        carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
+        context = carry.context
+        grads = grads if context.grads is None else context.grads
+        updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
+        new = (apply_updates(context.params, updates), opt_state, context.buffers)
+        old = (context.params, context.opt_state, state.buffers)
+        finite, (params, opt_state, buffers) = self.guard.keep(loss, grads, apply, new, old)
+        context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
+        carry = advance_time(carry._replace(context=context))
+        carry = fire(Event.BATCH_END, fire(Event.AFTER_TRAIN_BATCH, carry))
+        bad = self.guard.rows_left_out(used, skipped)
+        return carry, Out(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), bad)
+
+    def _firing(self, plan: StepPlan, root: torch.Tensor) -> Fire:
+        """``fire(event, carry)``: apply the algorithms ``plan`` has for ``event``."""
+        planner, events, leaves, writes = self.planner, plan.events, self.leaves, self.writes
+
+        def fire(event: Event, carry: Carry) -> Carry:
+            planned = planner.planned(events, event)
+            if not planned:
+                return carry
+            return apply_planned(event, planned, carry, leaves, root, writes=writes)
+
+        return fire
+
+    def _start(self, plan: StepPlan, state: TrainState, batch: Any) -> Carry:
+        """The carry before the first event: no key until an algorithm is focused, no time
+        when nothing reads it; every key of the step derives from the step-start time."""
         time = plan.time
-        # no key until an algorithm is focused; no time when nothing reads it
         context = State(
             cast(torch.Tensor, None),
             state.params,
@@ -287,74 +238,35 @@ class TrainStep(nn.Module):
             cast(Time, time),
             batch=batch,
         )
-        carry = Carry(context, state.algorithm_state, (None,) * len(self.leaves))
-        if time is not None:  # every key of the step derives from the step-start time
-            carry = carry._replace(step_key=step_key(root, time.step))
+        base = None if time is None else step_key(state.key, time.step)
+        return Carry(context, state.algorithm_state, (None,) * len(self.leaves), (), base)
 
-        def fire(event: Event, c: Carry) -> Carry:
-            return self._fire(plan, event, c, root)
-
-        n_in = batch_size(batch, per_sample=self.per_sample)
-        for event in BATCH_EVENTS[:4]:  # AFTER_DATALOADER ... BEFORE_FORWARD
-            carry = fire(event, carry)
-        skipped_so_far = state.time.updates_skipped
-        if skipped_so_far is None:
-            skipped_so_far = torch.zeros((), dtype=torch.int64, device=root.device)
-        ok = None
-        if self.nonfinite != "allow":  # a corrupt row costs one row (sbfunc.step.nonfinite)
-            masked, ok = mask_corrupt_rows(carry.context.batch, per_sample=self.per_sample)
-            carry = carry._replace(context=carry.context._replace(batch=masked))
-        n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
-        if n_kept == 0 and not self.replicas.collective:  # every row left: no update
-            carry = advance_time(carry)
-            carry = fire(Event.BATCH_END, carry)
-            nan = torch.full((), torch.nan, device=skipped_so_far.device)
-            done = torch.ones((), dtype=torch.bool, device=skipped_so_far.device)
-            bad = None if self.nonfinite == "allow" else skipped_so_far.new_zeros(())
-            return carry, Out(nan, n_in, 0, done, skipped_so_far + 1, bad)
-        model_key = self._model_key if self.keyed_model else None
+    def _gradients(
+        self, plan: StepPlan, carry: Carry, fire: Fire, ok: torch.Tensor | None
+    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
+        """Forward, loss and gradients of the kept rows, chunk by chunk with microbatching
+        (:func:`~sbfunc.step.microbatch.accumulate`): ``(carry, grads, loss, used, rows)``."""
         inside = any(self.planner.planned(plan.events, e) for e in INSIDE_EVENTS)
-        if n_kept == 0:  # no row here, the others may have some: contribute nothing
-            grads = {k: torch.zeros_like(v) for k, v in carry.context.params.items()}
-            loss = torch.zeros((), device=root.device)
-            context = carry.context._replace(loss=loss, losses=loss.new_zeros(0), outputs=None)
-            carry, used, n_bwd = carry._replace(context=context), None, 0
-        else:
-            carry, grads, loss, used, n_bwd = accumulate(
-                self.objective,
-                fire,
-                carry,
-                self.microbatching,
-                per_sample=self.per_sample,
-                inside=inside,
-                model_key=model_key,
-                ok=ok,
-            )
-        grads, loss, apply = self.replicas.mean(grads, loss, n_bwd)
-        buffers = self.replicas.sync_buffers(carry.context.buffers)
-        context = carry.context._replace(grads=grads, buffers=buffers)
-        carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
-        context = carry.context
-        grads = grads if context.grads is None else context.grads
-        updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
-        params = apply_updates(context.params, updates)
-        checked = None if self.nonfinite == "allow" else all_finite(loss, grads)
-        if apply is not None:
-            checked = apply if checked is None else checked & apply
-        finite, (params, opt_state, buffers) = keep_finite(
-            checked,
-            (params, opt_state, context.buffers),
-            (context.params, context.opt_state, state.buffers),
-            device=loss.device,
+        return accumulate(
+            self.objective,
+            fire,
+            carry,
+            self.microbatching,
+            per_sample=self.per_sample,
+            inside=inside,
+            model_key=self._model_key if self.keyed_model else None,
+            ok=ok,
         )
-        context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
-        carry = advance_time(carry._replace(context=context))
-        carry = fire(Event.AFTER_TRAIN_BATCH, carry)
-        carry = fire(Event.BATCH_END, carry)
-        bad = None if used is None else (~used).sum()  # rows in the update left out
-        if bad is None and self.nonfinite != "allow":
-            bad = skipped_so_far.new_zeros(())
-        return carry, Out(loss, n_in, n_bwd, ~finite, skipped_so_far + (~finite).long(), bad)
+
+    def _no_update(
+        self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor
+    ) -> tuple[Carry, Out]:
+        """No row left on any process: no update; the time advances, only ``BATCH_END``
+        fires, and the step counts as skipped with a NaN loss."""
+        carry = fire(Event.BATCH_END, advance_time(carry))
+        nan = torch.full((), torch.nan, device=skipped.device)
+        done = torch.ones((), dtype=torch.bool, device=skipped.device)
+        return carry, Out(nan, n_in, 0, done, skipped + 1, self.guard.rows_left_out(None, skipped))
 
     def _model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
@@ -364,9 +276,7 @@ class TrainStep(nn.Module):
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
         context = carry.context
-        out = count_unscorable(out, context.rows_unscorable)  # selection's dropped rows too
-        if self.nonfinite == "raise":
-            raise_if_nonfinite(out, state.time.step, self.replicas)
+        out = self.guard.check(out, context.rows_unscorable, state.time.step, self.replicas)
         scored = context.samples_scored
         time = state.time.advanced(
             forwarded=out.samples_backpropagated + scored,

@@ -133,7 +133,7 @@ def pytree_batches(draw: st.DrawFn, max_size: int = 8, features: int | None = FE
         >>> @settings(max_examples=10, derandomize=True, database=None)
         ... @given(pytree_batches())
         ... def has_rows(batch):
-        ...     assert sbfunc.batch_size(batch) >= 1
+        ...     assert sbfunc.batch.batch_size(batch) >= 1
         >>> has_rows()
 
     References:
@@ -172,7 +172,7 @@ def _targets(batch: Any) -> torch.Tensor:
 
 def linear_loss(params: dict[str, torch.Tensor], buffers: Any, batch: Any) -> torch.Tensor:
     """The per-sample cross-entropy of the linear classifier of :func:`states` on any
-    :func:`pytree_batches` batch: a :class:`sbfunc.LossFn` for property tests.
+    :func:`pytree_batches` batch: a :class:`sbfunc.module.LossFn` for property tests.
 
     Example:
         >>> from sbfunc.testing import linear_loss
@@ -221,7 +221,7 @@ def states(draw: st.DrawFn, with_batch: bool = True, features: int | None = None
         ... @given(states())
         ... def loss_runs(state):
         ...     losses = linear_loss(state.params, state.buffers, state.batch)
-        ...     assert losses.shape == (sbfunc.batch_size(state.batch),)
+        ...     assert losses.shape == (sbfunc.batch.batch_size(state.batch),)
         >>> loss_runs()
 
     References:

@@ -140,7 +140,7 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
         return inner(params, buffers, batch)
 
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     step = sbfunc.make_train_step(

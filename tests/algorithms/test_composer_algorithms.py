@@ -54,9 +54,13 @@ def test_selective_backprop_scores_the_raw_batch_before_cutout(order):
     scored = []
     model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_recording_loss(model, scored))
+        0.0,
+        1.0,
+        0.5,
+        interrupt=0,
+        scoring=sbfunc.score.Scoring(loss_fn=_recording_loss(model, scored)),
     )
-    cutout = sbfunc.CutOut(length=0.5)
+    cutout = sbfunc.algorithms.CutOut(length=0.5)
     after = Spy(sbfunc.Event.BEFORE_FORWARD, view=lambda b: b[0])
     algorithms = [cutout, sb, after] if order == "cutout_first" else [sb, cutout, after]
     train, state = _step(model, params, buffers, algorithms)
@@ -71,9 +75,13 @@ def test_selective_backprop_scores_before_mixup():
     scored = []
     model, params, buffers, batch = _image_setup()
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_recording_loss(model, scored))
+        0.0,
+        1.0,
+        0.5,
+        interrupt=0,
+        scoring=sbfunc.score.Scoring(loss_fn=_recording_loss(model, scored)),
     )
-    mixup = sbfunc.MixUp(alpha=1.0, num_classes=3)
+    mixup = sbfunc.algorithms.MixUp(alpha=1.0, num_classes=3)
     spy = Spy(sbfunc.Event.AFTER_FORWARD)
     train, state = _step(model, params, buffers, [mixup, sb, spy])
     train(state, batch)
@@ -87,7 +95,7 @@ def test_selective_backprop_scores_before_mixup():
 
 def test_label_smoothing_smooths_for_the_loss_and_restores_after():
     model, params, buffers, batch = _image_setup()
-    ls = sbfunc.LabelSmoothing(0.2, num_classes=3)
+    ls = sbfunc.algorithms.LabelSmoothing(0.2, num_classes=3)
     spy = Spy(
         sbfunc.Event.BEFORE_LOSS,
         sbfunc.Event.AFTER_LOSS,
@@ -103,14 +111,14 @@ def test_label_smoothing_smooths_for_the_loss_and_restores_after():
     assert by_event[sbfunc.Event.BEFORE_LOSS].shape == (N, 3)
     assert by_event[sbfunc.Event.AFTER_LOSS].shape == (N, 3)
     assert torch.equal(by_event[sbfunc.Event.BEFORE_BACKWARD], batch[1])
-    smoothed = sbfunc.smooth_labels(batch[1], 0.2, 3)
+    smoothed = sbfunc.algorithms.smooth_labels(batch[1], 0.2, 3)
     expected = loss_fn(state.params, state.buffers, (batch[0], smoothed)).mean()
     torch.testing.assert_close(metrics.loss, expected)
     assert new_state.algorithm_state == (None, None)  # the targets waited in scratch only
 
 
 def test_label_smoothing_keeps_the_targets_in_scratch_and_refuses_unmatched_after_loss():
-    ls = sbfunc.LabelSmoothing(0.1, num_classes=2)
+    ls = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=2)
     y = torch.tensor([1])
     state = sbfunc.State(sbrandom.key(0), batch=(torch.zeros(1, 2), y), own=ls.init(None))
     smoothed = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
@@ -124,8 +132,8 @@ def test_label_smoothing_keeps_the_targets_in_scratch_and_refuses_unmatched_afte
 @pytest.mark.parametrize(
     ("alg", "event"),
     [
-        (sbfunc.CutOut(length=0.5), sbfunc.Event.AFTER_DATALOADER),
-        (sbfunc.MixUp(alpha=1.0, num_classes=3), sbfunc.Event.BEFORE_FORWARD),
+        (sbfunc.algorithms.CutOut(length=0.5), sbfunc.Event.AFTER_DATALOADER),
+        (sbfunc.algorithms.MixUp(alpha=1.0, num_classes=3), sbfunc.Event.BEFORE_FORWARD),
     ],
 )
 def test_augmentations_draw_from_the_state_key_only(alg, event):
@@ -142,15 +150,19 @@ def test_augmentations_draw_from_the_state_key_only(alg, event):
 @pytest.mark.parametrize(
     ("factory", "exc", "msg"),
     [
-        (lambda: sbfunc.CutOut(num_holes=0), ValueError, "num_holes"),
-        (lambda: sbfunc.CutOut(length=0.0), ValueError, "length"),
-        (lambda: sbfunc.CutOut(input=1.5), TypeError, "input"),
-        (lambda: sbfunc.MixUp(alpha=-1.0, num_classes=3), ValueError, "alpha"),
-        (lambda: sbfunc.CutOut(uniform_sampling="yes"), TypeError, "uniform_sampling"),
-        (lambda: sbfunc.MixUp(num_classes=0), ValueError, "num_classes"),
-        (lambda: sbfunc.MixUp(num_classes=3, target=None), TypeError, "target"),
-        (lambda: sbfunc.LabelSmoothing(1.5, num_classes=3), ValueError, "smoothing"),
-        (lambda: sbfunc.LabelSmoothing(0.1, num_classes=True), TypeError, "num_classes"),
+        (lambda: sbfunc.algorithms.CutOut(num_holes=0), ValueError, "num_holes"),
+        (lambda: sbfunc.algorithms.CutOut(length=0.0), ValueError, "length"),
+        (lambda: sbfunc.algorithms.CutOut(input=1.5), TypeError, "input"),
+        (lambda: sbfunc.algorithms.MixUp(alpha=-1.0, num_classes=3), ValueError, "alpha"),
+        (lambda: sbfunc.algorithms.CutOut(uniform_sampling="yes"), TypeError, "uniform_sampling"),
+        (lambda: sbfunc.algorithms.MixUp(num_classes=0), ValueError, "num_classes"),
+        (lambda: sbfunc.algorithms.MixUp(num_classes=3, target=None), TypeError, "target"),
+        (lambda: sbfunc.algorithms.LabelSmoothing(1.5, num_classes=3), ValueError, "smoothing"),
+        (
+            lambda: sbfunc.algorithms.LabelSmoothing(0.1, num_classes=True),
+            TypeError,
+            "num_classes",
+        ),
     ],
 )
 def test_validation_at_construction(factory, exc, msg):
@@ -159,8 +171,8 @@ def test_validation_at_construction(factory, exc, msg):
 
 
 def test_mixup_declares_loss_interpolation():
-    assert sbfunc.MixUp(num_classes=3).interpolate_loss
-    assert not sbfunc.CutOut().interpolate_loss
+    assert sbfunc.algorithms.MixUp(num_classes=3).interpolate_loss
+    assert not sbfunc.algorithms.CutOut().interpolate_loss
 
 
 def test_label_smoothing_per_pixel_targets_class_axis_second_in_a_step():
@@ -168,7 +180,7 @@ def test_label_smoothing_per_pixel_targets_class_axis_second_in_a_step():
     model = nn.Conv2d(2, 3, 1)  # per-pixel logits [N, 3, H, W]
     params, buffers = sbfunc.split_module(model, clone=True)
     x, y = torch.rand(4, 2, 5, 5), torch.randint(0, 3, (4, 5, 5))
-    ls = sbfunc.LabelSmoothing(0.2, num_classes=3)
+    ls = sbfunc.algorithms.LabelSmoothing(0.2, num_classes=3)
     spy = Spy(sbfunc.Event.BEFORE_LOSS, view=lambda b: b[1])
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     step, state = _step(model, params, buffers, [ls, spy], loss_fn)
@@ -176,23 +188,29 @@ def test_label_smoothing_per_pixel_targets_class_axis_second_in_a_step():
     ((_, seen),) = spy.seen
     assert seen.shape == (4, 3, 5, 5)  # not (4, 5, 5, 3)
     torch.testing.assert_close(seen.sum(1), torch.ones(4, 5, 5))
-    expected = loss_fn(state.params, state.buffers, (x, sbfunc.smooth_labels(y, 0.2, 3))).mean()
+    expected = loss_fn(
+        state.params, state.buffers, (x, sbfunc.algorithms.smooth_labels(y, 0.2, 3))
+    ).mean()
     torch.testing.assert_close(metrics.loss, expected)
 
 
 def test_mixup_alpha_zero_leaves_the_inputs():
     _, _, _, batch = _image_setup()
     state = sbfunc.State(sbrandom.key(0), batch=batch)
-    out = sbfunc.MixUp(alpha=0.0, num_classes=3).apply(sbfunc.Event.BEFORE_FORWARD, state)
+    out = sbfunc.algorithms.MixUp(alpha=0.0, num_classes=3).apply(
+        sbfunc.Event.BEFORE_FORWARD, state
+    )
     assert torch.equal(out.batch[0], batch[0])
-    assert torch.equal(out.batch[1], sbfunc.soft_targets(batch[1], 3))
+    assert torch.equal(out.batch[1], sbfunc.algorithms.soft_targets(batch[1], 3))
 
 
 def test_cutout_uniform_sampling_reaches_cutout_batch():
     _, _, _, batch = _image_setup()
     state = sbfunc.State(sbrandom.key(4), batch=batch)
-    out = sbfunc.CutOut(length=0.5, uniform_sampling=True).apply(
+    out = sbfunc.algorithms.CutOut(length=0.5, uniform_sampling=True).apply(
         sbfunc.Event.AFTER_DATALOADER, state
     )
-    expected = sbfunc.cutout_batch(batch[0], key=state.key, length=0.5, uniform_sampling=True)
+    expected = sbfunc.algorithms.cutout_batch(
+        batch[0], key=state.key, length=0.5, uniform_sampling=True
+    )
     assert torch.equal(out.batch[0], expected)

@@ -48,7 +48,7 @@ def test_cutmix_pastes_one_box_of_a_partner_and_mixes_labels_by_area(seed, alpha
     partner = _partners(x, xm, mask)
     if partner is not None:
         assert torch.equal(xm[..., mask], x[partner][..., mask])  # one partner per image
-        onehot = sbfunc.soft_targets(y, 4)
+        onehot = sbfunc.algorithms.soft_targets(y, 4)
         torch.testing.assert_close(ym, area * onehot + (1 - area) * onehot[partner])
     again = cutmix_batch(x, y, key=sbrandom.key(seed), **kw)
     assert all(torch.equal(a, b) for a, b in zip((xm, ym, area, box), again, strict=True))
@@ -59,7 +59,7 @@ def test_cutmix_pastes_one_box_of_a_partner_and_mixes_labels_by_area(seed, alpha
 def test_cutmix_per_pixel_targets_follow_the_pixels(seed, soft):
     x = sbrandom.uniform(sbrandom.key(seed), (5, 3, 8, 8)) + torch.arange(5.0).view(5, 1, 1, 1)
     y = sbrandom.randint(sbrandom.key(seed + 1), (5, 8, 8), 0, 3)
-    target = sbfunc.soft_targets(y, 3) if soft else y  # [N, C, H, W] or [N, H, W]
+    target = sbfunc.algorithms.soft_targets(y, 3) if soft else y  # [N, C, H, W] or [N, H, W]
     xm, ym, _, box = cutmix_batch(x, target, key=sbrandom.key(seed), alpha=1.0)
     assert ym.shape == target.shape and ym.dtype == target.dtype
     mask = _box_mask(box, 8, 8)
@@ -76,7 +76,7 @@ def test_cutmix_zero_length_is_the_identity():
     x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
     xm, ym, area, box = cutmix_batch(x, y, key=sbrandom.key(0), length=0.0, num_classes=4)
     assert torch.equal(xm, x) and float(area) == 1.0
-    assert torch.equal(ym, sbfunc.soft_targets(y, 4))
+    assert torch.equal(ym, sbfunc.algorithms.soft_targets(y, 4))
     xm, _, area, box = cutmix_batch(x, y, key=sbrandom.key(0), length=0.5, num_classes=4)
     assert (box[2] - box[0]) <= 4 and (box[3] - box[1]) <= 4 and float(area) >= 0.75
 

@@ -87,7 +87,7 @@ def test_trains_in_a_step_and_with_fewer_kept_rows_than_a_ghost_batch():
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     score = sbfunc.per_sample_loss(model, F.cross_entropy)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.25, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+        0.0, 1.0, 0.25, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
     step = sbfunc.make_train_step(train, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))

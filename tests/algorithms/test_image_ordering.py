@@ -35,7 +35,7 @@ def _image_algorithms():
         RandAugment(depth=1),
         ColOut(p_row=0.25, p_col=0.25),
         ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.0),
-        sbfunc.CutOut(length=0.25),
+        sbfunc.algorithms.CutOut(length=0.25),
         CutMix(num_classes=3),
     ]
 
@@ -47,7 +47,7 @@ def _selective_backprop(loss_fn, scale_factor=1.0):
         0.5,
         scale_factor=scale_factor,
         interrupt=0,
-        scoring=sbfunc.Scoring(loss_fn=loss_fn),
+        scoring=sbfunc.score.Scoring(loss_fn=loss_fn),
     )
 
 

@@ -98,7 +98,11 @@ def _loss(model, kind, train):
 
 def _sb(model, kind):
     return sbfunc.SelectiveBackprop(
-        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=_loss(model, kind, False))
+        0.0,
+        1.0,
+        keep=0.5,
+        interrupt=0,
+        scoring=sbfunc.score.Scoring(loss_fn=_loss(model, kind, False)),
     )
 
 
@@ -142,7 +146,7 @@ CASES = {
         optimizer=sbfunc.optim.sgd(
             A.scale_schedule(sbfunc.optim.cosine_decay_schedule(0.1, 12), 0.5)
         ),
-        epochs=A.scale_schedule(sbfunc.Duration(epochs=4), 0.5).epochs,
+        epochs=A.scale_schedule(sbfunc.step.Duration(epochs=4), 0.5).epochs,
     ),
     "Selective Backprop": Case("image"),  # alone with itself
     "Sequence Length Warmup": Case(
@@ -189,7 +193,11 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
     data = _data(case.kind)
     run = {"epochs": case.epochs, "progress": False}
     whole = sbfunc.fit(
-        step, fresh, data, checkpoint=tmp_path / "s{step}.pt", save_every=sbfunc.Duration(steps=2),
+        step,
+        fresh,
+        data,
+        checkpoint=tmp_path / "s{step}.pt",
+        save_every=sbfunc.step.Duration(steps=2),
         **run,
     )  # fmt: skip
     t = whole.state.time

@@ -118,7 +118,7 @@ def test_second_gradient_uses_the_kept_rows_and_their_weights(beta, seed):
         score = sbfunc.per_sample_loss(model, F.cross_entropy)
         policy = sbfunc.policies.jiang_cdf(beta, reweight=True)
         sb = sbfunc.SelectiveBackprop(
-            0.0, 1.0, interrupt=0, policy=policy, scoring=sbfunc.Scoring(loss_fn=score)
+            0.0, 1.0, interrupt=0, policy=policy, scoring=sbfunc.score.Scoring(loss_fn=score)
         )
         sams.append((loss_fn, SAM(rho=0.1, loss_fn=recording)))
         return [sb, after, sams[0][1], before]

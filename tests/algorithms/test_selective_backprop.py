@@ -56,13 +56,15 @@ def _loss(model):
         ({"scale_factor": 2.0}, ValueError, "scale_factor"),
         ({"policy": "top_k"}, TypeError, "policy must be"),
         ({"policy": sbfunc.policies.top_k(0.5), "keep": 0.3}, ValueError, "keep=0.3 and policy="),
+        # keep with a policy is refused whatever its value (0.5 too: no sentinel)
+        ({"policy": sbfunc.policies.top_k(0.5), "keep": 0.5}, ValueError, "keep=0.5 and policy="),
         ({"ids": 1.5}, TypeError, "ids must be"),
-        ({"scoring": {"train": True}}, TypeError, "scoring must be an sbfunc.Scoring"),
-        ({"scoring": sbfunc.Scoring(train=1)}, TypeError, "scoring.train"),
-        ({"scoring": sbfunc.Scoring(dtype=torch.int8)}, TypeError, "scoring.dtype"),
-        ({"scoring": sbfunc.Scoring(reuse_losses=1)}, TypeError, "scoring.reuse_losses"),
-        ({"scoring": sbfunc.Scoring(reuse_losses=True)}, ValueError, "records losses"),
-        ({"scale_factor": 0.5, "scoring": sbfunc.Scoring(input=len)}, TypeError, "input"),
+        ({"scoring": {"train": True}}, TypeError, "scoring must be an sbfunc.score.Scoring"),
+        ({"scoring": sbfunc.score.Scoring(train=1)}, TypeError, "scoring.train"),
+        ({"scoring": sbfunc.score.Scoring(dtype=torch.int8)}, TypeError, "scoring.dtype"),
+        ({"scoring": sbfunc.score.Scoring(reuse_losses=1)}, TypeError, "scoring.reuse_losses"),
+        ({"scoring": sbfunc.score.Scoring(reuse_losses=True)}, ValueError, "records losses"),
+        ({"scale_factor": 0.5, "scoring": sbfunc.score.Scoring(input=len)}, TypeError, "input"),
     ],
 )
 def test_validation_at_construction(kwargs, exc, msg):
@@ -73,7 +75,7 @@ def test_validation_at_construction(kwargs, exc, msg):
 @pytest.mark.parametrize("loss", [nn.Linear(4, 3), 3, F.cross_entropy])
 def test_a_scoring_loss_that_is_not_a_per_sample_loss_is_refused_naming_the_fix(loss):
     with pytest.raises(TypeError, match="per_sample_loss"):
-        sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn=loss))
+        sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn=loss))
 
 
 def test_composers_positional_signature_and_fewer_arguments():
@@ -108,10 +110,10 @@ def test_bind_gives_the_step_loss_in_eval_mode_and_the_step_spec():
     assert sb.loss_fn is None and sb.per_sample is None  # the original is unchanged
     assert bound.loss_fn.train is False and bound.loss_fn.module is model
     assert bound.per_sample == {"w": False}
-    in_train = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(train=True))
+    in_train = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(train=True))
     assert in_train.bind(loss_fn=train, per_sample=None).loss_fn.train is True
     own = sbfunc.per_sample_loss(model, F.cross_entropy)
-    mine = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn=own))
+    mine = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn=own))
     assert mine.bind(loss_fn=train, per_sample=None) is mine  # nothing to change
     assert mine.bind(loss_fn=train, per_sample=None).loss_fn.train is False
     with pytest.raises(TypeError, match="per_sample_loss"):
@@ -130,7 +132,9 @@ def test_bind_refuses_a_spec_of_its_own_that_is_not_the_steps():
 def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
     sb = sbfunc.SelectiveBackprop(0.2, 0.7, 0.5, interrupt=interrupt)
     _, state = _model_state(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
-    expected = sbfunc.should_selective_backprop(elapsed, batch_in_epoch, 0.2, 0.7, interrupt)
+    expected = sbfunc.compat.should_selective_backprop(
+        elapsed, batch_in_epoch, 0.2, 0.7, interrupt
+    )
     assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) == expected
     assert not sb.match(sbfunc.Event.BEFORE_FORWARD, state)
 
@@ -138,16 +142,16 @@ def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
 @common
 @given(sbst.pytree_batches(), st.sampled_from([0.25, 0.5, 1.0]), st.integers(0, 2**31))
 def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     scores = torch.linspace(0, 1, n)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, keep, interrupt=0, scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: scores)
+        0.0, 1.0, keep, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=lambda p, b, x: scores)
     )
     state = sbfunc.State(sbrandom.key(seed), batch=batch, own=sb.init(sbrandom.key(seed)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
     policy = sbfunc.policies.rank_power(keep)  # the default policy, drawn from its own key
     idx = policy.select(scores, policy.init(), key=state.key)[0].indices
-    expected = sbfunc.take(batch, idx)
+    expected = sbfunc.batch.take(batch, idx)
     got, want = optree.tree_leaves(out.batch), optree.tree_leaves(expected)
     assert len(got) == len(want)
     assert all(
@@ -167,14 +171,14 @@ def test_dict_batch_with_ids_and_policy_state_round_trip():
         interrupt=0,
         policy=policy,
         ids="id",
-        scoring=sbfunc.Scoring(loss_fn=_loss(model)),
+        scoring=sbfunc.score.Scoring(loss_fn=_loss(model)),
     )
     _, state = _model_state(sb)
     assert type(state.own) is type(policy.init())  # its own state is the policy state
     before = state.own.loss.clone()
     state = state.replace(batch=_dict_batch())
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
-    n_kept = sbfunc.batch_size(out.batch)
+    n_kept = sbfunc.batch.batch_size(out.batch)
     assert n_kept == 4 and set(out.batch) == {"x", "y", "id", "meta"}
     assert out.batch["meta"]["w"].shape == (4, 2)
     assert out.own is not state.own and torch.equal(state.own.loss, before)
@@ -190,7 +194,7 @@ def test_stale_sb_skips_scoring_of_fresh_rows():
 
     policy = sbfunc.policies.stale_sb(1.0, num_ids=200, max_age=2)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, policy=policy, ids="id", scoring=sbfunc.Scoring(loss_fn)
+        0.0, 1.0, interrupt=0, policy=policy, ids="id", scoring=sbfunc.score.Scoring(loss_fn)
     )
     _, state = _model_state(sb)
     state = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=_dict_batch()))
@@ -209,7 +213,7 @@ def test_stale_sb_needs_ids():
         1.0,
         interrupt=0,
         policy=policy,
-        scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: x["x"].sum(1)),
+        scoring=sbfunc.score.Scoring(loss_fn=lambda p, b, x: x["x"].sum(1)),
     )
     _, state = _model_state(sb)
     with pytest.raises(ValueError, match="ids"):
@@ -243,9 +247,11 @@ def test_weights_from_policy_reach_the_step():
 def test_scores_in_eval_mode_unless_asked():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9), nn.Linear(4, 3))
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    sb = sbfunc.SelectiveBackprop(0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn))
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn)
+    )
     assert sb.loss_fn.train is False and loss_fn.train is True
-    composer_like = sbfunc.SelectiveBackprop(scoring=sbfunc.Scoring(loss_fn, train=True))
+    composer_like = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn, train=True))
     assert composer_like.loss_fn.train is True
 
 
@@ -298,7 +304,7 @@ def test_refill_trains_on_full_batches_in_arrival_order():
     assert len(flat) == len(set(flat)) == 24  # never dropped or duplicated
     assert [i // 8 for i in flat] == sorted(i // 8 for i in flat)  # FIFO across batches
     _, queue = state.algorithm_state[0]
-    assert sbfunc.batch_size(queue.rows) == 0
+    assert sbfunc.batch.batch_size(queue.rows) == 0
     assert [bool(m.skipped) for m in history] == [True, False] * 3
     assert int(state.time.updates_skipped) == 3  # a step with no rows makes no update
 
@@ -316,7 +322,7 @@ def test_refill_with_variable_count_policy_keeps_every_selected_row():
 def test_refill_state_checkpoints(tmp_path):
     state, _, _ = _refill_run(sbfunc.policies.top_k(0.5), steps=3)
     _, queue = state.algorithm_state[0]
-    assert sbfunc.batch_size(queue.rows) == 4  # mid-refill
+    assert sbfunc.batch.batch_size(queue.rows) == 4  # mid-refill
     sbfunc.checkpoint.save(state, tmp_path / "s.pt")
     fresh, _, _ = _refill_run(sbfunc.policies.top_k(0.5), steps=0)
     loaded = sbfunc.checkpoint.load(tmp_path / "s.pt", like=fresh)
@@ -336,14 +342,14 @@ def test_refill_never_queues_a_row_with_a_non_finite_score(make):
     example = _dict_batch(8)
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, interrupt=0, policy=make(0.75), refill=example,
-        scoring=sbfunc.Scoring(loss_fn=score),
+        scoring=sbfunc.score.Scoring(loss_fn=score),
     )  # fmt: skip
     _, state = _model_state(sb)
     batch = dict(example, id=torch.arange(8))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(batch=batch))
     _, queue = out.own
     assert queue.rows["id"].tolist() == [1, 2, 4, 5, 7]  # 6 kept, the forced NaN row dropped
-    assert sbfunc.batch_size(out.batch) == 0
+    assert sbfunc.batch.batch_size(out.batch) == 0
 
 
 def _kept_ids(extra_before=(), extra_after=(), steps=4):
@@ -366,7 +372,7 @@ def _kept_ids(extra_before=(), extra_after=(), steps=4):
         1.0,
         interrupt=0,
         policy=sbfunc.policies.stateless(select),
-        scoring=sbfunc.Scoring(loss_fn=lambda p, b, batch: batch["x"].flatten(1).sum(1)),
+        scoring=sbfunc.score.Scoring(loss_fn=lambda p, b, batch: batch["x"].flatten(1).sum(1)),
     )
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
     step = sbfunc.make_train_step(
@@ -386,16 +392,16 @@ def _kept_ids(extra_before=(), extra_after=(), steps=4):
 def test_other_algorithms_never_change_selective_backprops_draws():
     alone = _kept_ids()
     assert len(alone) == 4 and len({tuple(k) for k in alone}) > 1  # a new draw every step
-    mixup = sbfunc.MixUp(alpha=1.0, num_classes=3, input="x", target="y")
+    mixup = sbfunc.algorithms.MixUp(alpha=1.0, num_classes=3, input="x", target="y")
     assert _kept_ids(extra_before=[mixup]) == alone
-    assert _kept_ids(extra_after=[sbfunc.CutOut(input="x")]) == alone
+    assert _kept_ids(extra_after=[sbfunc.algorithms.CutOut(input="x")]) == alone
     second = sbfunc.SelectiveBackprop(
         0.0,
         1.0,
         0.5,
         interrupt=0,
         name="other",
-        scoring=sbfunc.Scoring(loss_fn=lambda p, b, x: x["x"].sum((1, 2, 3))),
+        scoring=sbfunc.score.Scoring(loss_fn=lambda p, b, x: x["x"].sum((1, 2, 3))),
     )  # selectors run in list order on every event: listed after SB, it prunes SB's rows
     assert _kept_ids(extra_after=[second]) == alone
 

@@ -91,7 +91,7 @@ def test_refill_counts_the_unscorable_rows_it_never_queues():
     example = _batch()
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, interrupt=0, policy=sbfunc.policies.top_k(0.75), refill=example,
-        scoring=sbfunc.Scoring(loss_fn=score),
+        scoring=sbfunc.score.Scoring(loss_fn=score),
     )  # fmt: skip
     view = sbfunc.State(sbrandom.key(0), PARAMS, BUFFERS, own=sb.init(sbrandom.key(0)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, view.replace(batch=example))

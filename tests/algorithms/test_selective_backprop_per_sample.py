@@ -185,7 +185,7 @@ def test_refill_queue_keeps_every_field_aligned_across_steps(n, b, steps, fields
     _, queue = state.algorithm_state[0]
     queued = queue.rows["id"].tolist()
     check_aligned(queue.rows, n)
-    assert sbfunc.batch_size(queue.rows, per_sample=SPEC) == len(queued)  # one batch a step
+    assert sbfunc.batch.batch_size(queue.rows, per_sample=SPEC) == len(queued)  # one batch a step
     assert all(len(ids) == b for ids in trained)
     flat = [i for ids in trained for i in ids] + queued
     assert len(flat) == len(set(flat))  # never dropped or duplicated
@@ -196,8 +196,8 @@ def test_refill_queue_keeps_every_field_aligned_across_steps(n, b, steps, fields
 
 def test_without_the_spec_a_class_weight_with_c_equal_n_is_pruned():
     batch = mixed_batch([0, 1, 2, 3], 4)
-    assert sbfunc.take(batch, torch.tensor([1]))["class_weight"].shape == (1,)
-    kept = sbfunc.take(batch, torch.tensor([3, 1]), per_sample=SPEC)
+    assert sbfunc.batch.take(batch, torch.tensor([1]))["class_weight"].shape == (1,)
+    kept = sbfunc.batch.take(batch, torch.tensor([3, 1]), per_sample=SPEC)
     check_aligned(kept, 4)
 
 

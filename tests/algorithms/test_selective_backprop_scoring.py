@@ -33,7 +33,12 @@ def _run(policy, steps, reuse=None, model=None):
     model = _model() if model is None else model
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, interrupt=0, policy=policy, ids=2, scoring=sbfunc.Scoring(reuse_losses=reuse)
+        0.0,
+        1.0,
+        interrupt=0,
+        policy=policy,
+        ids=2,
+        scoring=sbfunc.score.Scoring(reuse_losses=reuse),
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
@@ -75,7 +80,7 @@ def test_reuse_is_on_by_default_only_when_training_and_scoring_losses_agree():
     dropout = sbfunc.per_sample_loss(_model(True), F.cross_entropy, train=True)
 
     def sb(loss_fn, **kw):
-        scoring = sbfunc.Scoring(loss_fn=loss_fn, **kw)
+        scoring = sbfunc.score.Scoring(loss_fn=loss_fn, **kw)
         return sbfunc.SelectiveBackprop(0.0, 1.0, policy=policy, ids=2, scoring=scoring)
 
     assert sb(plain).reuse_losses
@@ -86,15 +91,15 @@ def test_reuse_is_on_by_default_only_when_training_and_scoring_losses_agree():
     assert unbound.bind(loss_fn=plain, per_sample=None).reuse_losses
     assert not unbound.bind(loss_fn=dropout, per_sample=None).reuse_losses
     assert not sbfunc.SelectiveBackprop(
-        0.0, 1.0, policy=P.jiang_cdf(1.0), scoring=sbfunc.Scoring(loss_fn=plain)
+        0.0, 1.0, policy=P.jiang_cdf(1.0), scoring=sbfunc.score.Scoring(loss_fn=plain)
     ).reuse_losses
     with pytest.raises(ValueError, match="records losses"):
         sbfunc.SelectiveBackprop(
-            0.0, 1.0, scoring=sbfunc.Scoring(loss_fn=plain, reuse_losses=True)
+            0.0, 1.0, scoring=sbfunc.score.Scoring(loss_fn=plain, reuse_losses=True)
         )
     with pytest.raises(ValueError, match="ids"):
         sbfunc.SelectiveBackprop(
-            0.0, 1.0, policy=policy, scoring=sbfunc.Scoring(loss_fn=plain, reuse_losses=True)
+            0.0, 1.0, policy=policy, scoring=sbfunc.score.Scoring(loss_fn=plain, reuse_losses=True)
         )
 
 
@@ -117,8 +122,8 @@ def test_bfloat16_scoring_ranks_like_full_precision():
     params, buffers = sbfunc.split_module(model)
     x = sbrandom.normal(sbrandom.key(1), (256, 1, 32))
     y = sbrandom.randint(sbrandom.key(2), (256,), 0, 10)
-    full = sbfunc.score_losses(loss_fn, params, buffers, (x, y))
-    low = sbfunc.score_losses(loss_fn, params, buffers, (x, y), dtype=torch.bfloat16)
+    full = sbfunc.score.score_losses(loss_fn, params, buffers, (x, y))
+    low = sbfunc.score.score_losses(loss_fn, params, buffers, (x, y), dtype=torch.bfloat16)
     assert low.dtype == torch.float32
     top_full = set(torch.topk(full, 128).indices.tolist())
     top_low = set(torch.topk(low, 128).indices.tolist())
@@ -136,7 +141,7 @@ def test_a_proxy_model_scores_for_a_bigger_one():
     model = _model()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+        0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))

@@ -141,7 +141,7 @@ def test_selective_backprop_scores_the_warmed_up_rows():
         return inner(params, buffers, batch)
 
     sb = sbfunc.SelectiveBackprop(
-        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+        0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
     warmup = SeqLengthWarmup(duration=1.0, min_seq_length=4, max_seq_length=16, step_size=4)
     train = sbfunc.per_sample_loss(

@@ -24,9 +24,9 @@ def _reference_should(d, b, start, end, interrupt):
 )
 def test_should_selective_backprop_matches_composer(d, b, start, end, interrupt):
     start, end = min(start, end), max(start, end)
-    assert sbfunc.should_selective_backprop(d, b, start, end, interrupt) == _reference_should(
+    assert sbfunc.compat.should_selective_backprop(
         d, b, start, end, interrupt
-    )
+    ) == _reference_should(d, b, start, end, interrupt)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_should_selective_backprop_matches_composer(d, b, start, end, interrupt)
 def test_should_selective_backprop_errors(kwargs, exc, msg):
     args = {"current_duration": 0.6, "batch_idx": 0, **kwargs}
     with pytest.raises(exc, match=msg):
-        sbfunc.should_selective_backprop(**args)
+        sbfunc.compat.should_selective_backprop(**args)
 
 
 def _setup(n=32):
@@ -59,7 +59,7 @@ def _setup(n=32):
 
 def test_select_using_loss_prunes_aligned_rows_in_batch_order():
     model, x, y = _setup()
-    xs, ys = sbfunc.select_using_loss(
+    xs, ys = sbfunc.compat.select_using_loss(
         x, y, model, F.cross_entropy, keep=0.5, generator=torch.Generator().manual_seed(0)
     )
     assert xs.shape == (16, 1, 8, 8) and ys.shape == (16,)
@@ -70,10 +70,10 @@ def test_select_using_loss_prunes_aligned_rows_in_batch_order():
 
 def test_select_using_loss_same_generator_same_rows_and_no_grad():
     model, x, y = _setup()
-    a = sbfunc.select_using_loss(
+    a = sbfunc.compat.select_using_loss(
         x, y, model, F.cross_entropy, 0.25, 0.5, generator=torch.Generator().manual_seed(3)
     )
-    b = sbfunc.select_using_loss(
+    b = sbfunc.compat.select_using_loss(
         x, y, model, F.cross_entropy, 0.25, 0.5, generator=torch.Generator().manual_seed(3)
     )
     assert torch.equal(a[0], b[0]) and not a[0].requires_grad
@@ -85,7 +85,7 @@ def test_select_using_loss_prefers_high_loss():
     losses = F.cross_entropy(model(x), y, reduction="none").detach()
     hits = torch.zeros(64)
     for seed in range(200):
-        _, idx_y = sbfunc.select_using_loss(
+        _, idx_y = sbfunc.compat.select_using_loss(
             x,
             torch.arange(64),
             model,
@@ -100,7 +100,7 @@ def test_select_using_loss_prefers_high_loss():
 
 def test_keep_one_batch_of_one():
     model, x, y = _setup(1)
-    xs, _ = sbfunc.select_using_loss(x, y, model, F.cross_entropy, keep=0.5)
+    xs, _ = sbfunc.compat.select_using_loss(x, y, model, F.cross_entropy, keep=0.5)
     assert xs.shape[0] == 1  # Composer returns an empty batch here
 
 
@@ -124,13 +124,13 @@ def test_select_using_loss_errors(kwargs, exc, msg):
     if args["input"].dim() == 2:
         args["model"] = nn.Linear(8, 5)
     with pytest.raises(exc, match=msg):
-        sbfunc.select_using_loss(**args)
+        sbfunc.compat.select_using_loss(**args)
 
 
 def test_composer_check_order_rank_before_scale_range():
     # Composer checks the input rank before the scale range.
     with pytest.raises(ValueError, match="3D, 4D, or 5D"):
-        sbfunc.select_using_loss(
+        sbfunc.compat.select_using_loss(
             torch.randn(4, 8), torch.zeros(4), nn.Linear(8, 2), F.cross_entropy, scale_factor=2.0
         )
 
@@ -167,7 +167,7 @@ def test_select_using_loss_raises_composers_exact_messages(kwargs, exc, message)
     model, x, y = _setup(4)
     args = {"input": x, "target": y, "model": model, "loss_fun": F.cross_entropy, **kwargs}
     with pytest.raises(exc) as info:
-        sbfunc.select_using_loss(**args)
+        sbfunc.compat.select_using_loss(**args)
     assert str(info.value) == message
 
 
@@ -176,20 +176,22 @@ def test_select_using_loss_on_a_dict_batch_points_to_the_pytree_path(scale_facto
     model, x, y = _setup(4)
     batch = {"x": x, "y": y}
     with pytest.raises(TypeError, match=r"input as a tensor.*got a dict.*score_losses.*take"):
-        sbfunc.select_using_loss(batch, y, model, F.cross_entropy, scale_factor=scale_factor)
+        sbfunc.compat.select_using_loss(
+            batch, y, model, F.cross_entropy, scale_factor=scale_factor
+        )
     with pytest.raises(TypeError, match=r"target as a tensor.*got a list"):
-        sbfunc.select_using_loss(x, y.tolist(), model, F.cross_entropy)
+        sbfunc.compat.select_using_loss(x, y.tolist(), model, F.cross_entropy)
     # Composer's own checks come first, with its messages
     with pytest.raises(ValueError, match="scale_factor must be <= 1"):
-        sbfunc.select_using_loss(batch, y, model, F.cross_entropy, scale_factor=2.0)
+        sbfunc.compat.select_using_loss(batch, y, model, F.cross_entropy, scale_factor=2.0)
     with pytest.raises(TypeError, match="Loss function must be callable"):
-        sbfunc.select_using_loss(batch, y, model, 3)
+        sbfunc.compat.select_using_loss(batch, y, model, 3)
 
 
 def test_select_using_loss_defaults_are_composers():
-    params = inspect.signature(sbfunc.select_using_loss).parameters
+    params = inspect.signature(sbfunc.compat.select_using_loss).parameters
     assert (params["keep"].default, params["scale_factor"].default) == (0.5, 1)
-    should = inspect.signature(sbfunc.should_selective_backprop).parameters
+    should = inspect.signature(sbfunc.compat.should_selective_backprop).parameters
     assert [should[n].default for n in ("start", "end", "interrupt")] == [0.5, 0.9, 2]
 
 
@@ -202,7 +204,7 @@ def test_select_using_loss_never_keeps_a_row_with_a_non_finite_loss_it_can_repla
 
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
-        xs, _ = sbfunc.select_using_loss(x, y, model, loss_fun, keep=0.5, generator=g)
+        xs, _ = sbfunc.compat.select_using_loss(x, y, model, loss_fun, keep=0.5, generator=g)
         kept = [i for i in range(16) if any(torch.equal(r, x[i]) for r in xs)]
         assert len(kept) == 8 and not {0, 4, 8, 12} & set(kept)
 
@@ -239,7 +241,9 @@ def test_select_using_loss_scoring_mode(train, start):
     rec.net[2].eval()  # a frozen BatchNorm
     before = [m.training for m in rec.modules()]
     stats = rec.net[2].running_mean.clone()
-    sbfunc.select_using_loss(x, y, rec, F.cross_entropy, generator=torch.Generator(), train=train)
+    sbfunc.compat.select_using_loss(
+        x, y, rec, F.cross_entropy, generator=torch.Generator(), train=train
+    )
     assert rec.modes == [_MODES[train, start]]
     assert [m.training for m in rec.modules()] == before  # restored, submodule by submodule
     assert torch.equal(rec.net[2].running_mean, stats) != rec.modes[0][1]
@@ -249,7 +253,7 @@ def test_select_using_loss_eval_scores_are_deterministic():
     model, x, y = _setup(32)
     net = nn.Sequential(model, nn.Dropout(0.9)).train()
     rows = [
-        sbfunc.select_using_loss(
+        sbfunc.compat.select_using_loss(
             x, y, net, F.cross_entropy, generator=torch.Generator().manual_seed(0), train=False
         )[1]
         for _ in range(2)
@@ -260,10 +264,10 @@ def test_select_using_loss_eval_scores_are_deterministic():
 def test_select_using_loss_train_needs_a_module():
     model, x, y = _setup(4)
     with pytest.raises(TypeError, match=r"train=False sets the scoring mode of an nn\.Module"):
-        sbfunc.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=False)
+        sbfunc.compat.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=False)
     with pytest.raises(TypeError, match="train must be None, True or False"):
-        sbfunc.select_using_loss(x, y, model, F.cross_entropy, train="eval")
-    xs, _ = sbfunc.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=None)
+        sbfunc.compat.select_using_loss(x, y, model, F.cross_entropy, train="eval")
+    xs, _ = sbfunc.compat.select_using_loss(x, y, lambda t: model(t), F.cross_entropy, train=None)
     assert xs.shape[0] == 2
 
 
@@ -280,5 +284,5 @@ def test_an_integer_fake_loss_selects_like_the_same_loss_as_floats(dtype):
     picked = []
     for values in (losses, losses.to(torch.get_default_dtype())):
         g = torch.Generator().manual_seed(3)
-        picked.append(sbfunc.select_using_loss(x, y, model, fake(values), generator=g)[0])
+        picked.append(sbfunc.compat.select_using_loss(x, y, model, fake(values), generator=g)[0])
     assert torch.equal(*picked)

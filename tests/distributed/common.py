@@ -132,7 +132,7 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
         interrupt=0,
         policy=policy,
         ids=2 if scenario.ids else None,
-        scoring=sbfunc.Scoring(reuse_losses=False),
+        scoring=sbfunc.score.Scoring(reuse_losses=False),
     )
     params, buffers = sbfunc.split_module(net, clone=True)
     algs = [sb] if algorithms else []

@@ -63,7 +63,7 @@ def _resume_build(comm: sbdist.Comm):
             policy=sbdist.local_selection(sbfunc.policies.jiang_cdf(1.0, history=32), comm=comm),
             refill=example,
         ),
-        sbdist.per_rank(sbfunc.CutOut(length=0.25), comm=comm),
+        sbdist.per_rank(sbfunc.algorithms.CutOut(length=0.25), comm=comm),
     ]
     step = sbdist.make_data_parallel_step(loss_fn, sbfunc.optim.adam(1e-2), algorithms, comm=comm)
     state = step.init(*sbfunc.split_module(net, clone=True), key=common.KEY)

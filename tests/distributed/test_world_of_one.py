@@ -101,7 +101,7 @@ def test_data_parallel_is_a_component_of_the_ordinary_step():
     direct = sbfunc.make_train_step(
         loss_fn, opt, replicas=sbdist.DataParallel(bucket_mb=1.0, buffers="mean")
     )
-    assert type(shorthand) is type(direct) is sbfunc.TrainStep
+    assert type(shorthand) is type(direct) is sbfunc.step.TrainStep
     for dp in (shorthand.replicas, direct.replicas):
         assert (dp.bucket_bytes, dp.buffers, dp.comm.world) == (2**20, "mean", 1)
     assert sbfunc.make_train_step(loss_fn, opt).replicas is ONE_PROCESS
@@ -150,12 +150,12 @@ def test_rebalancing_refuses_a_per_sample_spec():
 
 
 def test_per_rank_draws_from_the_key_folded_with_the_rank():
-    cutout = sbdist.per_rank(sbfunc.CutOut(length=0.5))
+    cutout = sbdist.per_rank(sbfunc.algorithms.CutOut(length=0.5))
     assert cutout.name == "CutOut" and cutout.parts[0].name == "CutOut"
     key = sbfunc.random.key(5)
     state = sbfunc.State(key, batch=(torch.ones(4, 1, 8, 8),))
     got = cutout.apply(sbfunc.Event.AFTER_DATALOADER, state)
-    want = sbfunc.CutOut(length=0.5).apply(
+    want = sbfunc.algorithms.CutOut(length=0.5).apply(
         sbfunc.Event.AFTER_DATALOADER, state.replace(key=sbdist.rank_key(key, 0))
     )
     assert torch.equal(got.batch[0], want.batch[0]) and torch.equal(got.key, key)
@@ -177,7 +177,9 @@ def test_rank_local_parts_split_off_and_join_back():
         local.samples_forwarded,
         local.samples_backpropagated,
     ) == (30, 12)
-    assert sbfunc.batch_size(shared.algorithm_state[0][1].rows) == 0 and shared.time.step == 5
+    assert (
+        sbfunc.batch.batch_size(shared.algorithm_state[0][1].rows) == 0 and shared.time.step == 5
+    )
     joined = sbdist.join_state(shared, local)
     assert joined.time == state.time and torch.equal(joined.algorithm_state[0][1].rows[0], x[:3])
     with pytest.raises(ValueError, match="local has 0 queues for a state with 1 refill queues"):

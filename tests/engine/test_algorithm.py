@@ -2,7 +2,8 @@
 
 import pytest
 
-from sbfunc.engine import FLAGS, Algorithm, Event
+from sbfunc.engine import Algorithm, Event
+from sbfunc.engine.algorithm import FLAGS
 from sbfunc.testing import Toy
 
 
@@ -23,10 +24,30 @@ class Child(Named):
 
 
 def test_name_defaults_to_class_and_is_overridable_per_instance():
-    a, b = Plain(), Plain()
-    b.name = "other"
+    a = Plain()
+    b = a.renamed("other")
     assert (a.name, b.name, Named().name, Child().name) == ("Plain", "other", "custom", "Child")
-    assert repr(b) == "Plain(name='other')"
+    assert repr(b) == "Plain(name='other')" and type(b) is Plain
+    with pytest.raises(TypeError, match="name"):
+        a.renamed("")
+
+
+def test_an_algorithm_is_frozen_after_its_constructor():
+    class Configured(Plain):
+        def __init__(self, rate):
+            self.rate = rate  # the constructor may set fields
+
+    alg = Configured(0.5)
+    with pytest.raises(AttributeError, match=r"Algorithm 'Configured' is frozen: build a new"):
+        alg.rate = 1.0
+    with pytest.raises(AttributeError, match="frozen"):
+        alg.name = "other"
+    with pytest.raises(AttributeError, match="frozen"):
+        del alg.rate
+    renamed = alg.renamed("other")
+    assert (alg.rate, alg.name, renamed.rate, renamed.name) == (0.5, "Configured", 0.5, "other")
+    with pytest.raises(AttributeError, match="frozen"):
+        renamed.rate = 1.0  # copies are frozen too
 
 
 def test_flags_are_declared_false_and_init_has_no_state():

@@ -1,12 +1,12 @@
 """Combinator laws: chain identity and associativity, state mirroring, gates, flags, streams."""
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc.engine import (
-    FLAGS,
     Event,
     Time,
     chain,
@@ -17,6 +17,7 @@ from sbfunc.engine import (
     run_event,
     when,
 )
+from sbfunc.engine.algorithm import FLAGS
 from sbfunc.testing import Toy, algorithm_lists, algorithms, events, states
 from tests.engine.helpers import KeyLog, apply_if_matched, for_algorithms, logged_tags, same_keys
 
@@ -187,3 +188,28 @@ def test_gates_validate_and_keep_names_in_chains():
     assert [p.name for p in combined.parts] == ["Toy", "Toy"] and toy.name == "Toy"
     assert combined.init(sbfunc.random.key(0)) == ((), ())
     assert "during" in repr(combined)
+
+
+def test_flags_are_set_when_built_and_bind_builds_anew_without_changing_anything():
+    # An unbound Selective Backprop: bind returns a new one, so every combinator above it does.
+    sb = sbfunc.algorithms.SelectiveBackprop(0.0, 1.0, interrupt=0)
+    gated = on_events(during(sb, 0.25, 1.0), [Event.AFTER_DATALOADER, Event.INIT])
+    assert gated.events == frozenset({Event.AFTER_DATALOADER})  # narrowed to the part's
+    assert gated.uses_elapsed and gated.selects_samples
+    renamed = chain(gated, Toy(), name="pair").renamed("renamed")
+    model = torch.nn.Linear(4, 3)
+    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+    bound = renamed.bind(loss_fn=loss_fn, per_sample=None)
+    assert bound is not renamed and bound.name == "renamed"
+    inner = bound.parts[0]
+    assert (inner.events, inner.uses_elapsed, inner.name) == (
+        gated.events,
+        True,
+        "SelectiveBackprop",
+    )
+    assert inner.part.part.loss_fn is not None and sb.loss_fn is None  # sb itself unchanged
+    assert gated.parts[0].parts[0] is sb
+    unbound_toys = chain(Toy(), on_events(Toy(), [Event.INIT]))
+    assert unbound_toys.bind(loss_fn=loss_fn, per_sample=None) is unbound_toys  # nothing to bind
+    with pytest.raises(AttributeError, match="frozen"):
+        gated.events = None

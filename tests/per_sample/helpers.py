@@ -12,12 +12,12 @@ import sbfunc
 def loop_grads(loss_fn, params, buffers, batch, names=None, indices=None):
     """Per-sample gradients by one ``torch.autograd.grad`` per sample (the reference)."""
     names = list(params) if names is None else names
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     rows = range(n) if indices is None else [int(i) for i in indices]
     out = {k: [] for k in names}
     for i in rows:
         p = {k: v.detach().requires_grad_(k in names) for k, v in params.items()}
-        loss = loss_fn(p, buffers, sbfunc.take(batch, torch.tensor([i])))[0]
+        loss = loss_fn(p, buffers, sbfunc.batch.take(batch, torch.tensor([i])))[0]
         grads = torch.autograd.grad(loss, [p[k] for k in names], allow_unused=True)
         for k, g in zip(names, grads, strict=True):
             out[k].append(torch.zeros_like(p[k]) if g is None else g)
@@ -134,11 +134,11 @@ def ggn_reference(loss_fn, params, buffers, batch, indices, reduction, names=Non
     from torch.func import hessian, jacrev
 
     names = list(params) if names is None else names
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     crit = loss_fn.raw_criterion
     terms = []
     for i in indices:
-        sample = sbfunc.take(batch, torch.tensor([int(i)]))
+        sample = sbfunc.batch.take(batch, torch.tensor([int(i)]))
         target = sbfunc.batch.extract(sample, loss_fn.target, "target")
 
         def out_fn(diff, sample=sample):

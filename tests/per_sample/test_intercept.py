@@ -12,7 +12,7 @@ from tests.per_sample.helpers import loop_grads, setup
 def record(loss_fn, params, buffers, batch, names=None):
     names = list(params) if names is None else names
     diff = {k: params[k].detach().requires_grad_() for k in names}
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     with LayerRecorder({id(v): k for k, v in diff.items()}, n) as rec:
         loss_fn({**params, **diff}, buffers, batch)
     return rec

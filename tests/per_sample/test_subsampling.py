@@ -138,7 +138,7 @@ def test_monte_carlo_transforms_run_sample_subsampling_i_at_row_i(make):
     loss_fn, params, buffers, batch, *_ = _setup()
     f, key = make(loss_fn), sbfunc.random.key(3)
     got = f(params, buffers, batch, key=key, subsampling=SUB)
-    want = f(params, buffers, sbfunc.take(batch, torch.tensor(SUB)), key=key)
+    want = f(params, buffers, sbfunc.batch.take(batch, torch.tensor(SUB)), key=key)
     for a, b in zip(
         torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want), strict=True
     ):

@@ -6,14 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import (
-    apply_policy,
-    infobatch,
-    jiang_cdf,
-    score_needed,
-    stale_sb,
-    unscorable_dropped,
-)
+from sbfunc.policies import apply_policy, infobatch, jiang_cdf, stale_sb
+from sbfunc.policies.apply import score_needed, unscorable_dropped
 
 
 def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():

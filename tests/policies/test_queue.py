@@ -40,9 +40,9 @@ def test_every_selected_sample_is_emitted_exactly_once_in_order(b, masks):
     out, queue = flush(queue)  # leftover at the end of the epoch
     if out is not None:
         emitted.append(out)
-    assert sbfunc.batch_size(queue.rows) == 0
+    assert sbfunc.batch.batch_size(queue.rows) == 0
     for out in emitted:
-        sizes.append(sbfunc.batch_size(out))
+        sizes.append(sbfunc.batch.batch_size(out))
         assert torch.equal(out["x"].x[:, 0], out["id"].float()) and out["x"].meta == "tag"
         assert torch.equal(out["y"], out["id"] % 7)  # fields stay aligned row by row
     assert torch.cat([o["id"] for o in emitted]).tolist() == selected if emitted else not selected
@@ -53,7 +53,7 @@ def test_queue_is_a_pure_value():
     q0 = empty_queue(make_batch([0, 1]))
     q1 = enqueue(q0, make_batch([5, 6, 7]))
     out, q2 = dequeue(q1, 2)
-    assert sbfunc.batch_size(q0.rows) == 0 and sbfunc.batch_size(q1.rows) == 3
+    assert sbfunc.batch.batch_size(q0.rows) == 0 and sbfunc.batch.batch_size(q1.rows) == 3
     assert out["id"].tolist() == [5, 6] and q2.rows["id"].tolist() == [7]
     assert dequeue(q2, 2) == (None, q2) and flush(empty_queue(make_batch([1])))[0] is None
 
@@ -123,11 +123,11 @@ def test_mixed_leaves_stay_aligned_through_the_queue(b, sizes):
         assert queue.rows["meta"]["tag"] == f"t{step}"  # metadata: the newest batch's
         out, queue = dequeue(queue, b, per_sample=SPEC)
         if out is not None:
-            assert sbfunc.batch_size(out, per_sample=SPEC) == b
+            assert sbfunc.batch.batch_size(out, per_sample=SPEC) == b
             emitted.append(out)
     out, queue = flush(queue, per_sample=SPEC)
     emitted += [] if out is None else [out]
-    assert sbfunc.batch_size(queue.rows, per_sample=SPEC) == 0
+    assert sbfunc.batch.batch_size(queue.rows, per_sample=SPEC) == 0
     for out in [*emitted, queue.rows]:
         check_aligned(out)
     assert [i for out in emitted for i in out["id"].tolist()] == pushed

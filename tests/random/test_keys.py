@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
+from sbfunc.random.keys import check_key
 from tests.random.helpers import SETTINGS, tensor_path
 
 seeds = st.integers(-(2**70), 2**70)
@@ -160,13 +161,13 @@ def test_check_key_names_argument_expected_form_and_received(bad, got):
         sbrandom.split(bad)
     assert got in str(info.value)
     with pytest.raises(TypeError, match=r"^state\.key must be an int64 tensor of shape \(2,\)"):
-        sbrandom.check_key(bad, "state.key")
+        check_key(bad, "state.key")
 
 
 def test_is_key_does_not_read_values():
     assert sbrandom.is_key(torch.empty(2, dtype=torch.int64, device="meta"))
     k = sbrandom.key(0)
-    assert sbrandom.check_key(k) is k
+    assert check_key(k) is k
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sbfunc
+from sbfunc.score.downsample import check_scale_factor
 
 
 def _setup():
@@ -20,7 +21,7 @@ def test_scores_are_detached_losses():
     model, params, buffers, batch = _setup()
     params = {k: v.requires_grad_() for k, v in params.items()}
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
-    s = sbfunc.score_losses(loss_fn, params, buffers, batch)
+    s = sbfunc.score.score_losses(loss_fn, params, buffers, batch)
     assert not s.requires_grad and s.shape == (10,)
     torch.testing.assert_close(s, F.cross_entropy(model(batch[0]), batch[1], reduction="none"))
 
@@ -28,7 +29,7 @@ def test_scores_are_detached_losses():
 def test_downsampled_scores_use_interpolated_input():
     model, params, buffers, batch = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
-    s = sbfunc.score_losses(loss_fn, params, buffers, batch, scale_factor=0.5)
+    s = sbfunc.score.score_losses(loss_fn, params, buffers, batch, scale_factor=0.5)
     x = F.interpolate(batch[0], scale_factor=0.5, mode="bilinear", align_corners=False)
     torch.testing.assert_close(s, F.cross_entropy(model(x), batch[1], reduction="none"))
 
@@ -56,18 +57,18 @@ def test_downsample_bad_rank(shape):
 @pytest.mark.parametrize("sf", [0, -0.5, 1.5, float("nan"), float("inf")])
 def test_scale_factor_range(sf):
     with pytest.raises(ValueError, match=r"scale_factor must be in \(0, 1\]"):
-        sbfunc.score.check_scale_factor(sf)
+        check_scale_factor(sf)
 
 
 def test_scale_factor_type():
     with pytest.raises(TypeError, match="scale_factor"):
-        sbfunc.score.check_scale_factor("0.5")
+        check_scale_factor("0.5")
 
 
 def test_dict_batch_downsample_and_callable_input_rejected():
     model, params, buffers, (x, y) = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
-    s = sbfunc.score_losses(
+    s = sbfunc.score.score_losses(
         loss_fn, params, buffers, {"x": x, "y": y}, scale_factor=0.5, input="x"
     )
     assert s.shape == (10,)
@@ -78,4 +79,4 @@ def test_dict_batch_downsample_and_callable_input_rejected():
 def test_loss_with_wrong_leading_dim_rejected():
     _, params, buffers, batch = _setup()
     with pytest.raises(ValueError, match="leading dimension 3 but the batch has 10"):
-        sbfunc.score_losses(lambda p, b, x: torch.zeros(3), params, buffers, batch)
+        sbfunc.score.score_losses(lambda p, b, x: torch.zeros(3), params, buffers, batch)

@@ -159,7 +159,7 @@ def test_every_policy_returns_an_empty_selection_and_its_state_for_empty_scores(
 
 def test_empty_batch_size_take_and_kept_count():
     batch = (torch.zeros(0, 3), torch.zeros(0, dtype=torch.int64))
-    assert sbfunc.batch_size(batch) == 0
-    taken = sbfunc.take(batch, torch.zeros(0, dtype=torch.int64))
+    assert sbfunc.batch.batch_size(batch) == 0
+    taken = sbfunc.batch.take(batch, torch.zeros(0, dtype=torch.int64))
     assert taken[0].shape == (0, 3) and taken[1].shape == (0,)
     assert kept_count(0, 0.5) == 0

@@ -20,7 +20,7 @@ from sbfunc import random as sbrandom
 EPOCHS, BATCH, N = 3, 16, 96
 
 
-def build() -> tuple[sbfunc.TrainStep, sbfunc.TrainState, Any]:
+def build() -> tuple[sbfunc.step.TrainStep, sbfunc.TrainState, Any]:
     """The step (SB with a stateful policy, CutOut, LabelSmoothing, BatchNorm, Adam), a fresh
     state and the per-epoch data."""
     torch.manual_seed(0)
@@ -35,8 +35,8 @@ def build() -> tuple[sbfunc.TrainStep, sbfunc.TrainState, Any]:
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     algorithms = [
         sbfunc.SelectiveBackprop(0.2, 0.9, interrupt=3, policy=sbfunc.policies.jiang_cdf(2.0)),
-        sbfunc.CutOut(length=0.25),
-        sbfunc.LabelSmoothing(0.1, num_classes=3),
+        sbfunc.algorithms.CutOut(length=0.25),
+        sbfunc.algorithms.LabelSmoothing(0.1, num_classes=3),
     ]
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-2), algorithms)
     key = sbrandom.key(7)

@@ -48,9 +48,9 @@ def _build(policy=None, refill=False, others=True):
     algorithms = [sb]
     if others:
         algorithms += [
-            sbfunc.CutOut(length=0.25),
-            sbfunc.MixUp(0.4, num_classes=3),
-            sbfunc.LabelSmoothing(0.1, num_classes=3),
+            sbfunc.algorithms.CutOut(length=0.25),
+            sbfunc.algorithms.MixUp(0.4, num_classes=3),
+            sbfunc.algorithms.LabelSmoothing(0.1, num_classes=3),
         ]
     lr = sbfunc.optim.cosine_decay_schedule(1e-2, STEPS)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(lr), algorithms)

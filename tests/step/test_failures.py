@@ -27,7 +27,7 @@ def _sb(name: str) -> sbfunc.SelectiveBackprop:
     if name in {"rank_power", "top_k", "random_subset"}:
         policy = getattr(sbfunc.policies, name)(0.5)
         return sbfunc.SelectiveBackprop(
-            0.0, 1.0, interrupt=0, policy=policy, scoring=sbfunc.Scoring(loss_fn=SCORE_LOSS)
+            0.0, 1.0, interrupt=0, policy=policy, scoring=sbfunc.score.Scoring(loss_fn=SCORE_LOSS)
         )
     return sbfunc.SelectiveBackprop(
         0.0,
@@ -35,15 +35,15 @@ def _sb(name: str) -> sbfunc.SelectiveBackprop:
         interrupt=0,
         policy=POLICIES[name](),
         ids=2,
-        scoring=sbfunc.Scoring(loss_fn=SCORE_LOSS),
+        scoring=sbfunc.score.Scoring(loss_fn=SCORE_LOSS),
     )
 
 
 PATHS = {
     "plain": lambda: [],
-    "cutout": lambda: [sbfunc.CutOut(num_holes=1, length=0.5)],
-    "mixup": lambda: [sbfunc.MixUp(alpha=0.2, num_classes=3)],
-    "label_smoothing": lambda: [sbfunc.LabelSmoothing(0.1, num_classes=3)],
+    "cutout": lambda: [sbfunc.algorithms.CutOut(num_holes=1, length=0.5)],
+    "mixup": lambda: [sbfunc.algorithms.MixUp(alpha=0.2, num_classes=3)],
+    "label_smoothing": lambda: [sbfunc.algorithms.LabelSmoothing(0.1, num_classes=3)],
     **{f"sb_{n}": (lambda n=n: [_sb(n)]) for n in ["rank_power", "top_k", "random_subset"]},
     **{f"sb_policy_{n}": (lambda n=n: [_sb(n)]) for n in sorted(POLICIES)},
 }
@@ -93,7 +93,9 @@ def test_an_empty_image_batch_through_cutout_makes_no_update():
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     params, buffers = sbfunc.split_module(model, clone=True)
     loss = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    step = sbfunc.make_train_step(loss, sbfunc.optim.sgd(0.1), [sbfunc.CutOut(length=0.5)])
+    step = sbfunc.make_train_step(
+        loss, sbfunc.optim.sgd(0.1), [sbfunc.algorithms.CutOut(length=0.5)]
+    )
     state = step.init(params, buffers, key=sbrandom.key(0), total_steps=64)
     after, metrics = step(state, (torch.zeros(0, 3, 2, 2), torch.zeros(0, dtype=torch.int64)))
     assert bool(metrics.skipped) and int(after.time.updates_skipped) == 1

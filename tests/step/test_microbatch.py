@@ -42,7 +42,7 @@ def _setup(bn=False):
 def _weighted(scores, key, ids):
     """Keeps the 6 highest-loss rows, with weights that differ from row to row."""
     idx = torch.sort(torch.topk(scores, 6).indices).values
-    return sbfunc.Selection(idx, torch.linspace(0.5, 1.5, 6))
+    return sbfunc.select.Selection(idx, torch.linspace(0.5, 1.5, 6))
 
 
 def _algorithms(model, kind):
@@ -52,7 +52,7 @@ def _algorithms(model, kind):
     if kind == "sb":
         return [
             sbfunc.SelectiveBackprop(
-                0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.Scoring(loss_fn=score)
+                0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
             )
         ]
     if kind == "sb-weighted":
@@ -62,10 +62,12 @@ def _algorithms(model, kind):
                 1.0,
                 interrupt=0,
                 policy=sbfunc.policies.stateless(_weighted),
-                scoring=sbfunc.Scoring(loss_fn=score),
+                scoring=sbfunc.score.Scoring(loss_fn=score),
             )
         ]
-    return [sbfunc.LabelSmoothing(0.1, num_classes=3)]  # BEFORE_LOSS / AFTER_LOSS per chunk
+    return [
+        sbfunc.algorithms.LabelSmoothing(0.1, num_classes=3)
+    ]  # BEFORE_LOSS / AFTER_LOSS per chunk
 
 
 def _run(kind, bn=False, steps=3, **split):
@@ -115,7 +117,7 @@ class Sizes(sbfunc.Algorithm):
         return event in (E.BEFORE_FORWARD, E.AFTER_FORWARD, E.AFTER_LOSS, E.AFTER_BACKWARD)
 
     def apply(self, event, state):
-        n = sbfunc.batch_size(state.batch)
+        n = sbfunc.batch.batch_size(state.batch)
         losses = None if state.losses is None else state.losses.shape[0]
         outputs = None if state.outputs is None else state.outputs.shape[0]
         return state.replace(own=(*state.own, (event.name, n, losses, outputs)))

@@ -189,12 +189,12 @@ def test_events_fire_in_composer_order_and_scratch_lives_for_one_step():
     state = state.replace(algorithm_state=((),))
     for _ in range(2):
         state, metrics = step(state, _data())
-        assert [t.event for t in metrics.traces] == list(sbfunc.BATCH_EVENTS)
+        assert [t.event for t in metrics.traces] == list(sbfunc.step.BATCH_EVENTS)
     (log,) = state.algorithm_state
-    assert [e for e, _ in log] == list(sbfunc.BATCH_EVENTS) * 2
+    assert [e for e, _ in log] == list(sbfunc.step.BATCH_EVENTS) * 2
     scratch = [s for _, s in log]
     # None at the start of every step, then what the previous event left
-    assert scratch == [None, *sbfunc.BATCH_EVENTS[:-1]] * 2
+    assert scratch == [None, *sbfunc.step.BATCH_EVENTS[:-1]] * 2
 
 
 def test_match_decides_from_host_time_with_the_step_advanced_after_the_update():
@@ -213,7 +213,7 @@ def test_match_decides_from_host_time_with_the_step_advanced_after_the_update():
     (log,) = new.algorithm_state
     advanced = {E.AFTER_TRAIN_BATCH, E.BATCH_END}
     assert log == tuple(
-        (e, ("at", 5, 3) if e in advanced else ("at", 4, 2)) for e in sbfunc.BATCH_EVENTS
+        (e, ("at", 5, 3) if e in advanced else ("at", 4, 2)) for e in sbfunc.step.BATCH_EVENTS
     )
     assert new.time.step == 5 and new.time.batch_in_epoch == 3
 

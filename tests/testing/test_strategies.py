@@ -6,7 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc.engine import FLAGS, Algorithm, Event, State, TrainState, run_event
+from sbfunc.engine import Algorithm, Event, State, TrainState, run_event
+from sbfunc.engine.algorithm import FLAGS
 from sbfunc.testing import (
     CLASSES,
     FEATURES,
@@ -30,7 +31,7 @@ def test_strategies_draw_valid_values(event, alg, algs, batch, state):
     assert isinstance(event, Event) and isinstance(alg, Algorithm)
     assert all(isinstance(getattr(alg, f), bool) for f in FLAGS)
     assert [a.tag for a in algs] == list(range(len(algs)))
-    assert sbfunc.batch_size(batch) >= 1
+    assert sbfunc.batch.batch_size(batch) >= 1
     assert isinstance(state, State) and sbfunc.random.is_key(state.key)
     assert 0.0 <= state.time.elapsed <= 1.0
     assert state.own == () and state.scratch is None and state.matched is True
@@ -39,7 +40,7 @@ def test_strategies_draw_valid_values(event, alg, algs, batch, state):
 @PROPS
 @given(states())
 def test_drawn_params_and_batches_fit_the_linear_loss(state):
-    n = sbfunc.batch_size(state.batch)
+    n = sbfunc.batch.batch_size(state.batch)
     losses = linear_loss(state.params, state.buffers, state.batch)
     assert losses.shape == (n,) and bool((losses >= 0).all())
     assert state.params["weight"].shape[0] == state.params["bias"].shape[0] == CLASSES
@@ -59,7 +60,7 @@ def test_train_states_and_pytree_batches_fit_together_by_default(state, batch):
     step = sbfunc.make_train_step(linear_loss, sbfunc.optim.sgd(0.1))
     start = step.init(state.params, state.buffers, key=state.key)
     new, metrics = step(start, batch)
-    n = sbfunc.batch_size(batch)
+    n = sbfunc.batch.batch_size(batch)
     assert new.time.step == 1 and metrics.samples_backpropagated == n
     assert not torch.equal(new.params["weight"], state.params["weight"])  # it trained
     assert torch.equal(state.params["weight"], start.params["weight"])  # purely
@@ -70,7 +71,9 @@ def test_train_states_and_pytree_batches_fit_together_by_default(state, batch):
 def test_drawn_feature_counts_still_fit_when_passed_on(state, data):
     d = state.params["weight"].shape[1]
     batch = data.draw(pytree_batches(features=d))
-    assert linear_loss(state.params, state.buffers, batch).shape == (sbfunc.batch_size(batch),)
+    assert linear_loss(state.params, state.buffers, batch).shape == (
+        sbfunc.batch.batch_size(batch),
+    )
 
 
 @pytest.mark.parametrize(
