@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sbfunc
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 
 BATCH = 128
 KEEP = 0.5
@@ -73,10 +73,10 @@ class KeptIds(Algorithm):
     def init(self, key: Any) -> torch.Tensor:
         return torch.full((int(BATCH * KEEP),), -1)
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.BEFORE_FORWARD
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         return state.replace(own=state.batch[2])
 
 

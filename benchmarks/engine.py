@@ -42,7 +42,7 @@ from torch import nn
 from torch.func import functional_call, grad
 
 import sbfunc
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.engine.run import Carry, apply_planned, step_key
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -114,11 +114,11 @@ def main() -> None:
     for label, algs in regimes.items():
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algs)
         state = step.init(params, buffers, key=sbfunc.random.key(0))
-        view = sbfunc.State(state.key, params, buffers, batch=(x, y))
+        view = sbfunc.Context(state.key, params, buffers, batch=(x, y))
 
         def dispatch(step=step, state=state):
             plan = step.plan(state, (x, y))  # match on the host + the time tensors
-            context = State(None, params, buffers, state.opt_state, plan.time, batch=(x, y))
+            context = Context(None, params, buffers, state.opt_state, plan.time, batch=(x, y))
             carry = Carry.start(state, context, len(step.leaves))
             if plan.time is not None:
                 carry = carry._replace(step_key=step_key(state.key, plan.time.step))

@@ -130,10 +130,10 @@ class Audit(sbfunc.Algorithm):
     def init(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.zeros((), dtype=torch.int64), torch.zeros(self.num_ids, dtype=torch.int64)
 
-    def match(self, event: sbfunc.Event, state: sbfunc.State) -> bool:
+    def match(self, event: sbfunc.Event, state: sbfunc.Context) -> bool:
         return event == sbfunc.Event.AFTER_LOSS
 
-    def apply(self, event: sbfunc.Event, state: sbfunc.State) -> sbfunc.State:
+    def apply(self, event: sbfunc.Event, state: sbfunc.Context) -> sbfunc.Context:
         count, mask = state.own
         return state.replace(own=(count + mask.index_select(0, state.batch[2]).sum(), mask))
 

@@ -1,7 +1,7 @@
-"""JAX-style training: a pure step over an explicit state, with a ``chain`` of algorithms.
+"""JAX-style training: a pure step over an explicit state, with a ``sequence`` of algorithms.
 
 Trains a small CNN on scikit-learn's bundled digits (nothing is downloaded) with
-``sbfunc.make_train_step``, Selective Backprop, CutOut, and a ``chain`` of MixUp (first half
+``sbfunc.make_train_step``, Selective Backprop, CutOut, and a ``sequence`` of MixUp (first half
 of training only) and label smoothing. Along the way it shows the three things that make the
 functional style worth it:
 
@@ -55,11 +55,11 @@ def main() -> None:
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
 
-    # The target transforms form one algorithm with `chain` (one entry in the state, one
+    # The target transforms form one algorithm with `sequence` (one entry in the state, one
     # name); the engine flattens it, so it runs exactly like its parts listed in its place.
     # MixUp mixes inputs and targets before the forward, for the first half of training only;
     # label smoothing smooths the targets for the loss and restores them after it.
-    targets = sbfunc.chain(
+    targets = sbfunc.sequence(
         sbfunc.during(sbfunc.algorithms.MixUp(alpha=0.2, num_classes=CLASSES), 0.0, 0.5),
         sbfunc.algorithms.LabelSmoothing(0.05, num_classes=CLASSES),
         name="targets",
@@ -67,7 +67,7 @@ def main() -> None:
     # Across the list, the ordering rule decides (once, when the step is built): CutOut is
     # listed before Selective Backprop, yet SB runs first on AFTER_DATALOADER, so it scores the
     # raw batch and CutOut only augments the kept rows (Composer's FILO pass would have run SB
-    # last). The chain's parts appear in the traces as targets/MixUp and targets/LabelSmoothing.
+    # last). The sequence's parts appear in the traces as targets/MixUp and targets/LabelSmoothing.
     algorithms = [
         sbfunc.algorithms.CutOut(length=0.25),
         sbfunc.SelectiveBackprop(start=0.3, end=1.0, keep=0.5, interrupt=2),

@@ -181,7 +181,7 @@ def take_keeps_leaves_aligned(batch: object, data: st.DataObject) -> None:
             assert kept_leaf is leaf or kept_leaf == leaf, "a metadata leaf changed"
 
 
-def selective_backprop_prunes_every_leaf(state: sbfunc.State, keep: float) -> None:
+def selective_backprop_prunes_every_leaf(state: sbfunc.Context, keep: float) -> None:
     sb = sbfunc.SelectiveBackprop(
         start=0.0,
         end=1.0,

@@ -12,10 +12,6 @@ and the sub-packages: :mod:`sbfunc.algorithms` (Composer's suite), :mod:`sbfunc.
 :mod:`sbfunc.compat`.
 """
 
-import importlib
-import warnings
-from typing import Any
-
 from sbfunc import (
     algorithms,
     checkpoint,
@@ -31,36 +27,36 @@ from sbfunc import (
     select,
     step,
 )
+from sbfunc._namespace import deprecated_aliases
 from sbfunc.algorithms import SelectiveBackprop
 from sbfunc.engine import (
     Algorithm,
+    Context,
     Event,
-    State,
     Time,
     TrainState,
-    chain,
     during,
     every_n_steps,
-    inject_hyperparams,
-    named_chain,
+    named_sequence,
     on_events,
+    schedule_hyperparams,
+    sequence,
     when,
 )
 from sbfunc.module import per_sample_loss, split_module
 from sbfunc.module_eval import predict
 from sbfunc.step import fit, make_train_step
 
-__version__ = "0.3.1"
+__version__ = "1.0.0"
 
 __all__ = [
     "Algorithm",
+    "Context",
     "Event",
     "SelectiveBackprop",
-    "State",
     "Time",
     "TrainState",
     "algorithms",
-    "chain",
     "checkpoint",
     "compat",
     "datasets",
@@ -68,9 +64,8 @@ __all__ = [
     "engine",
     "every_n_steps",
     "fit",
-    "inject_hyperparams",
     "make_train_step",
-    "named_chain",
+    "named_sequence",
     "on_events",
     "optim",
     "passes",
@@ -79,8 +74,10 @@ __all__ = [
     "policies",
     "predict",
     "random",
+    "schedule_hyperparams",
     "score",
     "select",
+    "sequence",
     "split_module",
     "step",
     "when",
@@ -124,19 +121,13 @@ _MOVED: dict[str, str] = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> Any:
-    """A deprecated alias of 0.3 (``sbfunc.MixUp``): warn, then return the name from its home
-    (``sbfunc.algorithms.MixUp``). Not listed by ``dir()`` nor ``__all__``."""
-    target = _MOVED.get(name)
-    if target is None:
-        raise AttributeError(f"module 'sbfunc' has no attribute {name!r}")
-    module, _, attr = target.partition(":")
-    warnings.warn(
-        f"sbfunc.{name} moved to {module}.{attr}; the alias will be removed in 1.1",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(module), attr)
+_RENAMED = {
+    "State": "sbfunc:Context",
+    "chain": "sbfunc:sequence",
+    "named_chain": "sbfunc:named_sequence",
+    "inject_hyperparams": "sbfunc:schedule_hyperparams",
+}
+__getattr__ = deprecated_aliases("sbfunc", {**_MOVED, **_RENAMED})
 
 
 def __dir__() -> list[str]:  # dir(sbfunc): the API and the imported documented submodules

@@ -295,7 +295,7 @@ def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:
     Example:
         >>> scoring = sbfunc.score.Scoring(loss_fn=lambda p, b, x: x)
         >>> sb = sbfunc.SelectiveBackprop(per_sample={"w": False}, scoring=scoring)
-        >>> sbfunc.batch.check_same_spec({"w": False}, [sbfunc.chain(sb)])
+        >>> sbfunc.batch.check_same_spec({"w": False}, [sbfunc.sequence(sb)])
         >>> sbfunc.batch.check_same_spec(None, [sb])
         Traceback (most recent call last):
         ...

@@ -155,19 +155,19 @@ def test_every_algorithm_of_the_suite_is_unchanged_by_steps_and_frozen(name):
 
 
 def _unbound_sb(**kwargs: Any) -> sbfunc.Algorithm:
-    """Selective Backprop that takes the step's loss (its ``bind`` returns a new one)."""
+    """Selective Backprop that takes the step's loss (its ``for_step`` returns a new one)."""
     return A.SelectiveBackprop(0.0, 1.0, interrupt=0, **kwargs)
 
 
 COMBINED: dict[str, Callable[[], list[sbfunc.Algorithm]]] = {
-    "chain": lambda: [engine.chain(A.CutOut(length=0.25), _unbound_sb(), name="both")],
-    "named_chain": lambda: [engine.named_chain(cut=A.CutOut(length=0.25), sb=_unbound_sb())],
+    "chain": lambda: [engine.sequence(A.CutOut(length=0.25), _unbound_sb(), name="both")],
+    "named_sequence": lambda: [engine.named_sequence(cut=A.CutOut(length=0.25), sb=_unbound_sb())],
     "on_events": lambda: [engine.on_events(_unbound_sb(), [sbfunc.Event.AFTER_DATALOADER])],
     "during": lambda: [engine.during(_unbound_sb(), 0.0, 0.5)],
     "every_n_steps": lambda: [engine.every_n_steps(_unbound_sb(), 2, offset=1)],
     "when": lambda: [engine.when(_unbound_sb(), lambda s: True)],
-    "inject_hyperparams": lambda: [
-        engine.inject_hyperparams(A.SelectiveBackprop)(
+    "schedule_hyperparams": lambda: [
+        engine.schedule_hyperparams(A.SelectiveBackprop)(
             start=0.0, end=1.0, keep=lambda t: 0.25 if t < 0.5 else 0.5, interrupt=0
         )
     ],
@@ -203,11 +203,16 @@ def _dict_batches(steps: int) -> list[dict[str, torch.Tensor]]:
     ]
 
 
-@pytest.mark.parametrize("name", sorted(POLICIES))
-def test_every_policy_is_unchanged_by_steps(name):
+def _linear_model() -> tuple[nn.Module, Any]:
+    """A seeded 4 -> 3 linear model and its per-sample loss on ``{"x", "y"}`` batches."""
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+    return model, sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_is_unchanged_by_steps(name):
+    model, loss_fn = _linear_model()
     policy = POLICIES[name]()
     ids = "ids" if name in NEEDS_IDS else None
     sb = A.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, ids=ids)
@@ -286,9 +291,7 @@ def test_every_policy_constructor_has_a_case():
 
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_every_optimizer_is_unchanged_by_steps_and_immutable(name):
-    torch.manual_seed(0)
-    model = nn.Linear(4, 3)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
+    model, loss_fn = _linear_model()
     optimizer = OPTIMIZERS[name]()
     params, buffers = sbfunc.split_module(model, clone=True)
     before, after, _ = train(loss_fn, optimizer, [], params, buffers, _dict_batches(3))

@@ -315,7 +315,7 @@ def sb_step(model: nn.Module, kind: str) -> Any:
     smoothing = sbfunc.algorithms.LabelSmoothing(
         0.1, num_classes=CLASSES, target=_fields(kind)["target"]
     )
-    return make_step(train, [sbfunc.chain(sb, smoothing)])
+    return make_step(train, [sbfunc.sequence(sb, smoothing)])
 
 
 def eval_fn_for(loss_fn: Any) -> Any:

@@ -109,7 +109,7 @@ def test_sb_prunes_the_string_field_with_the_rows(built):
     _, _, step, state = built
     sb = step.algorithms[0]  # bound by the step: it scores with the step's loss
     batch = _batch(3)
-    view = sbfunc.State(sbfunc.random.key(1), state.params, state.buffers, batch=batch)
+    view = sbfunc.Context(sbfunc.random.key(1), state.params, state.buffers, batch=batch)
     kept = sb.apply(sbfunc.Event.AFTER_DATALOADER, view).batch
     assert len(kept["text"]) == kept["input_ids"].shape[0] == kept["labels"].shape[0] == N // 2
     assert kept["text"] == [TEXTS[int(r) - 1] for r in kept["input_ids"][:, 0]]

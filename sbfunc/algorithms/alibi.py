@@ -20,7 +20,7 @@ from torch import nn
 
 from sbfunc.algorithms.seq_length_warmup import batch_sequence_length, set_batch_sequence_length
 from sbfunc.algorithms.surgery import Surgery, replace_modules
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_int, check_real
 
 __all__ = [
@@ -338,7 +338,7 @@ class Alibi(Algorithm, Surgery):
         >>> from sbfunc.algorithms.alibi import Alibi
         >>> alibi = Alibi(max_sequence_length=8, train_sequence_length_scaling=0.5)
         >>> batch = {"input_ids": torch.arange(8).view(1, 8)}
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
         >>> state = state.replace(matched=alibi.match(sbfunc.Event.AFTER_DATALOADER, state))
         >>> alibi.apply(sbfunc.Event.AFTER_DATALOADER, state).batch["input_ids"]
         tensor([[0, 1, 2, 3],
@@ -375,10 +375,10 @@ class Alibi(Algorithm, Surgery):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.AFTER_DATALOADER and self.scaling != 1.0
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         current = batch_sequence_length(state.batch)  # a shape: static in a compiled step
         if current is None:
             return state

@@ -28,7 +28,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.algorithms._kornia import kornia
 from sbfunc.batch import extract, replace
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_real
 
 __all__ = [
@@ -280,7 +280,7 @@ class ImageAugmentation(Algorithm):
         ...     input = 0
         ...     def transform(self, images, *, key):
         ...         return 1 - images
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=(torch.zeros(1, 3, 4, 4), 0))
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=(torch.zeros(1, 3, 4, 4), 0))
         >>> float(Invert().apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].min())
         1.0
 
@@ -296,10 +296,10 @@ class ImageAugmentation(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         return state.replace(
             batch=replace(state.batch, self.input, self.transform(x, key=state.key))

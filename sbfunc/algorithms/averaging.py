@@ -15,7 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from sbfunc.engine import Algorithm, Event, State, Time, TrainState
+from sbfunc.engine import Algorithm, Context, Event, Time, TrainState
 from sbfunc.types import Params
 from sbfunc.validation import check_real
 
@@ -92,7 +92,7 @@ class _Averaging(Algorithm):
     events = frozenset({Event.INIT, Event.BATCH_END, Event.EPOCH_END})
     uses_elapsed = True
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         if event == Event.INIT:
             return True
         update = Event.BATCH_END if self.unit == "ba" else Event.EPOCH_END
@@ -100,7 +100,7 @@ class _Averaging(Algorithm):
             return False
         return _count(state.time, self.unit) % self.every == 0
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         if event == Event.INIT:
             count = torch.zeros((), dtype=torch.int64, device=state.key.device)
             own = AveragedState(
@@ -172,7 +172,7 @@ class EMA(_Averaging):
     Example:
         >>> from sbfunc.algorithms.averaging import EMA
         >>> ema = EMA(smoothing=0.5)
-        >>> state = sbfunc.State(sbfunc.random.key(0), params={"w": torch.zeros(2)})
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(2)})
         >>> state = ema.apply(sbfunc.Event.INIT, state)
         >>> for w in (1.0, 3.0):  # the first update copies, the second averages
         ...     state = state.replace(params={"w": torch.full((2,), w)})
@@ -252,7 +252,7 @@ class SWA(_Averaging):
     Example:
         >>> from sbfunc.algorithms.averaging import SWA
         >>> swa = SWA(swa_start=0.0, swa_end=1.0, update_interval="1ba")
-        >>> state = sbfunc.State(sbfunc.random.key(0), params={"w": torch.zeros(1)})
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(1)})
         >>> state = swa.apply(sbfunc.Event.INIT, state)
         >>> for w in (1.0, 2.0, 6.0):
         ...     state = state.replace(params={"w": torch.tensor([w])})

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sbfunc.algorithms._kornia import kornia
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_int
 
 __all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "apply_blurpool"]
@@ -214,7 +214,7 @@ class BlurPool(Algorithm):
         >>> from sbfunc.algorithms.blurpool import BlurPool
         >>> bp = BlurPool(min_channels=3)
         >>> model = bp.surgery(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2)))
-        >>> type(model[0]).__name__, bp.match(sbfunc.Event.INIT, sbfunc.State(None))
+        >>> type(model[0]).__name__, bp.match(sbfunc.Event.INIT, sbfunc.Context(None))
         ('BlurConv2d', False)
 
     References:
@@ -247,8 +247,8 @@ class BlurPool(Algorithm):
 
     events = frozenset()
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return False
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         return state

@@ -7,7 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.types import Params
 
 __all__ = ["ChannelsLast", "apply_channels_last", "channels_last_tensors"]
@@ -81,7 +81,7 @@ class ChannelsLast(Algorithm):
         >>> from sbfunc.algorithms.channels_last import ChannelsLast
         >>> cl = ChannelsLast()
         >>> params = {"conv.weight": torch.rand(8, 3, 3, 3)}
-        >>> state = sbfunc.State(sbfunc.random.key(0), params=params)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params=params)
         >>> out = cl.apply(sbfunc.Event.INIT, state)
         >>> out.params["conv.weight"].is_contiguous(memory_format=torch.channels_last)
         True
@@ -94,10 +94,10 @@ class ChannelsLast(Algorithm):
 
     events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.INIT
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         return state.replace(
             params=channels_last_tensors(state.params),
             buffers=channels_last_tensors(state.buffers),

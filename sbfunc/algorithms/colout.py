@@ -9,7 +9,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
 from sbfunc.batch import extract, replace
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_real
 
 __all__ = ["ColOut", "colout_batch"]
@@ -126,7 +126,7 @@ class ColOut(Algorithm):
     Example:
         >>> from sbfunc.algorithms.colout import ColOut
         >>> co = ColOut(p_row=0.5, p_col=0.5)
-        >>> state = sbfunc.State(sbfunc.random.key(0),
+        >>> state = sbfunc.Context(sbfunc.random.key(0),
         ...                      batch=(torch.rand(2, 3, 8, 8), torch.tensor([0, 1])))
         >>> co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
         torch.Size([2, 3, 4, 4])
@@ -152,10 +152,10 @@ class ColOut(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         y = None if self.resize_target is False else extract(state.batch, self.target, "target")
         x, y = colout_batch(

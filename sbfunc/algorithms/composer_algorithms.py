@@ -5,7 +5,7 @@ from __future__ import annotations
 from sbfunc.algorithms._checks import check_field
 from sbfunc.algorithms.augment import cutout_batch, mixup_batch, smooth_labels
 from sbfunc.batch import extract, replace
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_fraction, check_int, check_real
 
 __all__ = ["CutOut", "LabelSmoothing", "MixUp"]
@@ -22,7 +22,7 @@ class CutOut(Algorithm):
     Example:
         >>> co = sbfunc.algorithms.CutOut(length=0.5)
         >>> batch = (torch.ones(2, 1, 4, 4), torch.zeros(2))
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
         >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0] == 0).sum())
         8
 
@@ -45,10 +45,10 @@ class CutOut(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.AFTER_DATALOADER
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         x = cutout_batch(
             x,
@@ -72,7 +72,7 @@ class MixUp(Algorithm):
 
     Example:
         >>> mu = sbfunc.algorithms.MixUp(alpha=0.2, num_classes=3)
-        >>> state = sbfunc.State(sbfunc.random.key(0),
+        >>> state = sbfunc.Context(sbfunc.random.key(0),
         ...                      batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
         >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
         torch.Size([4, 3])
@@ -93,10 +93,10 @@ class MixUp(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.BEFORE_FORWARD
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         y = extract(state.batch, self.target, "target")
         xm, ym, _ = mixup_batch(
@@ -120,7 +120,7 @@ class LabelSmoothing(Algorithm):
     Example:
         >>> ls = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=2)
         >>> batch = (torch.zeros(1, 3), torch.tensor([1]))
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
         >>> state = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
         >>> state.batch[1]
         tensor([[0.0500, 0.9500]])
@@ -140,10 +140,10 @@ class LabelSmoothing(Algorithm):
 
     events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         if event == Event.BEFORE_LOSS:
             y = extract(state.batch, self.target, "target")
             smoothed = smooth_labels(y, self.smoothing, self.num_classes)

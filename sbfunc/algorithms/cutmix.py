@@ -8,7 +8,7 @@ from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
 from sbfunc.algorithms.augment import soft_targets, window_start
 from sbfunc.batch import extract, replace
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_fraction, check_int, check_real
 
 __all__ = ["CutMix", "cutmix_batch"]
@@ -145,7 +145,7 @@ class CutMix(Algorithm):
         >>> from sbfunc.algorithms.cutmix import CutMix
         >>> cm = CutMix(alpha=1.0, num_classes=3)
         >>> batch = (torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 0]))
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
         >>> cm.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
         torch.Size([4, 3])
 
@@ -174,10 +174,10 @@ class CutMix(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.BEFORE_FORWARD
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         y = extract(state.batch, self.target, "target")
         xm, ym, _, _ = cutmix_batch(

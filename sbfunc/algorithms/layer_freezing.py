@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.types import Params
 from sbfunc.validation import check_real
 
@@ -100,7 +100,7 @@ class LayerFreezing(Algorithm):
         >>> freeze = LayerFreezing(freeze_start=0.0, freeze_level=1.0, layers=net)
         >>> params, _ = sbfunc.split_module(net)
         >>> grads = {k: torch.ones_like(v) for k, v in params.items()}
-        >>> state = sbfunc.State(sbfunc.random.key(0), params, grads=grads,
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params, grads=grads,
         ...                      time=sbfunc.Time(elapsed=1.0))
         >>> depth = freeze.match(sbfunc.Event.AFTER_BACKWARD, state); depth
         1
@@ -142,12 +142,12 @@ class LayerFreezing(Algorithm):
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH})
     uses_elapsed = True
 
-    def match(self, event: Event, state: State) -> int:
+    def match(self, event: Event, state: Context) -> int:
         if event not in (Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH):
             return 0
         return self.depth(state.time.elapsed)
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         if event == Event.AFTER_TRAIN_BATCH:
             if state.scratch is None:  # no AFTER_BACKWARD in this step: nothing to restore
                 return state

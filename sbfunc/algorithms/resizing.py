@@ -11,7 +11,7 @@ from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
 from sbfunc.algorithms._kornia import kornia
 from sbfunc.batch import extract, replace
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_choice, check_int, check_real
 
 __all__ = ["ProgressiveResizing", "resize_batch"]
@@ -157,7 +157,7 @@ class ProgressiveResizing(Algorithm):
         >>> from sbfunc.algorithms.resizing import ProgressiveResizing
         >>> pr = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
         >>> batch = (torch.rand(2, 3, 32, 32), torch.tensor([0, 1]))
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch,
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch,
         ...                      time=sbfunc.Time(elapsed=0.1))
         >>> scale = pr.match(sbfunc.Event.AFTER_DATALOADER, state); scale
         0.5
@@ -240,13 +240,13 @@ class ProgressiveResizing(Algorithm):
     events = frozenset({Event.AFTER_DATALOADER})
     uses_elapsed = True
 
-    def match(self, event: Event, state: State) -> float | bool:
+    def match(self, event: Event, state: Context) -> float | bool:
         if event != Event.AFTER_DATALOADER:
             return False
         scale = self.scale_at(state.time.elapsed)
         return scale if scale < 1 and math.isfinite(scale) else False
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         x = extract(state.batch, self.input, "input")
         scale = state.matched
         if isinstance(scale, bool):  # applied without its match decision (a direct call)

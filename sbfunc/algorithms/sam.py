@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.module import LossFn, ModuleLoss, Params, check_loss_fn, draws_randomness
 from sbfunc.step.gradients import differentiate, fresh_buffers, weighted_mean
 from sbfunc.validation import check_bool, check_int, check_real
@@ -132,10 +132,10 @@ class SAM(Algorithm):
 
     events = frozenset({Event.AFTER_BACKWARD})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.AFTER_BACKWARD and (state.time.step + 1) % self.interval == 0
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         if state.grads is None:
             raise RuntimeError(f"{self.name}: AFTER_BACKWARD without gradients")
         grads = sam_gradients(

@@ -11,7 +11,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.batch import Field, PerSample, batch_size, check_same_spec, extract, take
 from sbfunc.compat.composer import check_window, in_window
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.engine.algorithm import _replaced
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness, mode_dependent
 from sbfunc.policies import Policy, Queue, apply_policy, dequeue, empty_queue, enqueue, rank_power
@@ -28,13 +28,13 @@ __all__ = ["SelectiveBackprop"]
 _SCORING = 0x5C0E  # the scoring forward's stream under this algorithm's key
 
 
-class _SpecFields(NamedTuple):  # what follows from the per-sample spec (bind sets it anew)
+class _SpecFields(NamedTuple):  # what follows from the per-sample spec (for_step sets it anew)
     per_sample: PerSample
     refill: Queue | None
     refill_size: int
 
 
-class _ScoringFields(NamedTuple):  # what follows from the scoring loss (bind sets it anew)
+class _ScoringFields(NamedTuple):  # what follows from the scoring loss (for_step sets it anew)
     reuse_losses: bool
     loss_fn: LossFn | None
     keyed_scoring: bool
@@ -95,7 +95,7 @@ class SelectiveBackprop(Algorithm):
     :func:`~sbfunc.distributed.local_selection`.
 
     **The loss and the per-sample spec are given once, to the step**:
-    :func:`sbfunc.make_train_step` calls :meth:`bind` with its loss and spec, and Selective
+    :func:`sbfunc.make_train_step` calls :meth:`for_step` with its loss and spec, and Selective
     Backprop scores with that loss (in eval mode) unless ``scoring`` names another one. Used on
     its own, give ``scoring=Scoring(loss_fn=...)``.
 
@@ -126,7 +126,7 @@ class SelectiveBackprop(Algorithm):
             above); selections with weights cannot be queued and raise ``ValueError``.
         per_sample: which leaves of the batch are per-sample (:data:`sbfunc.batch.PerSample`),
             for counting, scoring a subset, pruning and queueing rows; ``None``: the step's
-            spec (see :meth:`bind`), or inferred when used on its own. A spec of its own must
+            spec (see :meth:`for_step`), or inferred when used on its own. A spec of its own must
             equal the step's.
         name: the name in traces (and of its random stream).
 
@@ -143,7 +143,7 @@ class SelectiveBackprop(Algorithm):
         ...                               scoring=sbfunc.score.Scoring(loss_fn=loss_fn))
         >>> params, buffers = sbfunc.split_module(model)
         >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
-        >>> state = sbfunc.State(sbfunc.random.key(0), params, buffers, batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params, buffers, batch=batch)
         >>> state = state.replace(own=sb.init(sbfunc.random.key(1)))
         >>> sb.match(sbfunc.Event.AFTER_DATALOADER, state)
         True
@@ -228,7 +228,7 @@ class SelectiveBackprop(Algorithm):
         keyed = train and module is not None and draws_randomness(module)
         return _ScoringFields(reuse, loss_fn, keyed)
 
-    def bind(self, *, loss_fn: Any, per_sample: PerSample) -> SelectiveBackprop:
+    def for_step(self, *, loss_fn: Any, per_sample: PerSample) -> SelectiveBackprop:
         """This algorithm scoring with the step's ``loss_fn`` (in eval mode unless
         ``scoring.train``) when ``scoring`` names no loss of its own, and pruning with the
         step's ``per_sample`` spec.
@@ -249,7 +249,7 @@ class SelectiveBackprop(Algorithm):
             >>> model = torch.nn.Linear(4, 3)
             >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
             >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
-            >>> sb.loss_fn is None, sb.bind(loss_fn=loss_fn, per_sample=None).loss_fn.train
+            >>> sb.loss_fn is None, sb.for_step(loss_fn=loss_fn, per_sample=None).loss_fn.train
             (True, False)
         """
         if self.per_sample is not None:
@@ -268,7 +268,7 @@ class SelectiveBackprop(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         if event == Event.AFTER_LOSS:
             return self.reuse_losses
         if event != Event.AFTER_DATALOADER:
@@ -276,7 +276,7 @@ class SelectiveBackprop(Algorithm):
         t = state.time
         return in_window(t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt)
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         if event == Event.AFTER_LOSS:  # the training forward's losses of the kept rows
             return self._record(state)
         if self.loss_fn is None:
@@ -287,7 +287,7 @@ class SelectiveBackprop(Algorithm):
             )
         return self._select(state, self.loss_fn)
 
-    def _record(self, state: State) -> State:
+    def _record(self, state: Context) -> Context:
         """Remember the training losses of the kept rows (``Policy.record``)."""
         assert self.policy.record is not None and self.ids is not None  # see __init__
         if state.losses is None:
@@ -298,7 +298,7 @@ class SelectiveBackprop(Algorithm):
         policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
         return state.replace(own=policy_state if queue is None else (policy_state, queue))
 
-    def _scorer(self, state: State, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
+    def _scorer(self, state: Context, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
         score: Callable[[Any], torch.Tensor] = partial(
             score_losses,
             loss_fn,
@@ -316,7 +316,7 @@ class SelectiveBackprop(Algorithm):
         return score
 
     def _explained(
-        self, score: Callable[[Any], torch.Tensor], state: State, loss_fn: LossFn
+        self, score: Callable[[Any], torch.Tensor], state: Context, loss_fn: LossFn
     ) -> Callable[[Any], torch.Tensor]:
         """``score``, with a failure of the downsampled forward explained (eagerly)."""
 
@@ -332,7 +332,7 @@ class SelectiveBackprop(Algorithm):
 
         return explained_score
 
-    def _select(self, state: State, loss_fn: LossFn) -> State:
+    def _select(self, state: Context, loss_fn: LossFn) -> Context:
         """Score, select, prune (and queue with ``refill``); count the unscorable rows left
         out."""
         epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step

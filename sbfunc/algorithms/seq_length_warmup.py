@@ -15,7 +15,7 @@ import optree
 import torch
 
 from sbfunc.batch import Field, extract
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_int, check_real
 
 __all__ = [
@@ -198,7 +198,8 @@ class SeqLengthWarmup(Algorithm):
         >>> warmup = SeqLengthWarmup(duration=0.5, min_seq_length=2, max_seq_length=8,
         ...                          step_size=2)
         >>> batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
-        >>> state = sbfunc.State(sbfunc.random.key(0), batch=batch, time=sbfunc.Time(elapsed=0.2))
+        >>> time = sbfunc.Time(elapsed=0.2)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch, time=time)
         >>> length = warmup.match(sbfunc.Event.AFTER_DATALOADER, state); length
         4
         >>> state = state.replace(matched=length)
@@ -246,10 +247,10 @@ class SeqLengthWarmup(Algorithm):
     events = frozenset({Event.AFTER_DATALOADER})
     uses_elapsed = True
 
-    def match(self, event: Event, state: State) -> int | bool:
+    def match(self, event: Event, state: Context) -> int | bool:
         return self.length(state.time.elapsed) if event == Event.AFTER_DATALOADER else False
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         length = state.matched
         if isinstance(length, bool) or not isinstance(length, int):  # applied without match
             length = self.length(state.time.elapsed)

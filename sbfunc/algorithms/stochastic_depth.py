@@ -14,7 +14,7 @@ from sbfunc.algorithms.surgery import (
     replace_modules,
     selector,
 )
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_real
 
 __all__ = ["StochasticBranch", "StochasticDepth", "apply_stochastic_depth"]
@@ -178,7 +178,7 @@ class StochasticDepth(Algorithm, Surgery):
         >>> sd = StochasticDepth(torch.nn.Linear, "block", 0.2, "uniform", drop_warmup=0.5)
         >>> net = sd(torch.nn.Sequential(torch.nn.Linear(2, 2)))
         >>> _, buffers = sbfunc.split_module(net)
-        >>> state = sbfunc.State(sbfunc.random.key(0), buffers=buffers,
+        >>> state = sbfunc.Context(sbfunc.random.key(0), buffers=buffers,
         ...                      time=sbfunc.Time(elapsed=0.25))
         >>> sd.apply(sbfunc.Event.BATCH_START, state).buffers["0.stochastic_depth_scale"]
         tensor(0.5000)
@@ -211,10 +211,10 @@ class StochasticDepth(Algorithm, Surgery):
     events = frozenset({Event.BATCH_START})
     uses_elapsed = True
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return event == Event.BATCH_START and self.drop_warmup > 0
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         names = [k for k in state.buffers if k.endswith(SCALE)]
         if not names:
             raise RuntimeError(

@@ -23,7 +23,9 @@ Selector = type | tuple[type, ...] | Sequence[str] | Callable[[str, nn.Module], 
 """Which submodules a surgery targets: a class (or tuple of classes), a list of qualified
 names (as ``named_modules`` spells them) or a predicate ``(name, module) -> bool``."""
 
-Policy = Callable[[str, nn.Module], nn.Module | None]
+Replacement = Callable[[str, nn.Module], nn.Module | None]
+"""What replaces a targeted submodule: ``(name, module) -> new module`` (``None``: keep it);
+Composer's ``ReplacementFunction``."""
 
 
 def selector(target: Selector, arg: str = "target") -> Callable[[str, nn.Module], bool]:
@@ -86,7 +88,7 @@ def matching_modules(module: nn.Module, select: Callable[[str, nn.Module], bool]
     return found
 
 
-def replace_modules(module: nn.Module, policy: Policy) -> nn.Module:
+def replace_modules(module: nn.Module, policy: Replacement) -> nn.Module:
     """A deep copy of ``module`` in which ``policy`` may replace any submodule.
 
     ``policy(name, submodule)`` is called depth first on the copy (the root has the name

@@ -16,7 +16,7 @@ from typing import Any
 
 from sbfunc import random as sbrandom
 from sbfunc.distributed.comm import Comm
-from sbfunc.engine import Algorithm, Event, State
+from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.engine.algorithm import FLAGS, ApplyResult
 from sbfunc.engine.trace import unpack_result
 from sbfunc.validation import check_int
@@ -55,10 +55,10 @@ class _PerRank(Algorithm):
     def init(self, key: Any) -> Any:
         return self.part.init(key)  # the same state on every rank
 
-    def match(self, event: Event, state: State) -> Any:
+    def match(self, event: Event, state: Context) -> Any:
         return self.part.match(event, state)
 
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         out, code = unpack_result(
             self.part.apply(event, state.replace(key=rank_key(state.key, self.rank))), self.part
         )

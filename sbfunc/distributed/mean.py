@@ -12,7 +12,7 @@ from sbfunc._namespace import api_dir
 from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.distributed.meter import TrafficMeter
 from sbfunc.optim import EmptyState, GradientTransformation
-from sbfunc.optim._base import Transform
+from sbfunc.optim._base import TransformRecord
 from sbfunc.types import Params
 from sbfunc.validation import check_int
 
@@ -20,7 +20,7 @@ __all__ = ["mean_across_ranks"]
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _MeanAcrossRanks(Transform):
+class _MeanAcrossRanks(TransformRecord):
     comm: Comm
     bucket_bytes: int
 

@@ -292,9 +292,9 @@ def global_selection(
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
         >>> policy = global_selection(sbfunc.policies.rank_power(0.5), rebalance=True)
         >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy)
-        >>> sb = sb.bind(loss_fn=loss_fn, per_sample=None)  # what the step does
+        >>> sb = sb.for_step(loss_fn=loss_fn, per_sample=None)  # what the step does
         >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
-        >>> state = sbfunc.State(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
+        >>> state = sbfunc.Context(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
         >>> state = state.replace(own=sb.init(sbfunc.random.key(1)))
         >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape  # one process here
         torch.Size([4, 4])

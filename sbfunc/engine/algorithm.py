@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from abc import ABCMeta, abstractmethod
 from typing import Any, TypeVar
 
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 
 __all__ = ["FLAGS", "Algorithm", "ApplyResult"]
 
-ApplyResult = State | tuple[State, int | None]
+ApplyResult = Context | tuple[Context, int | None]
 """What ``apply`` returns: a new state, or ``(state, exit_code)`` to record a code in the trace."""
 
 FLAGS: tuple[str, ...] = (
@@ -74,7 +75,7 @@ class _Frozen(metaclass=_FrozenAfterInit):
 def _replaced(alg: _A, **changes: Any) -> _A:
     """A copy of ``alg`` (frozen like it) with the fields ``changes`` names set to new values.
 
-    The one way ``bind``, the combinators and :meth:`Algorithm.renamed` derive an algorithm
+    The one way ``for_step``, the combinators and :meth:`Algorithm.renamed` derive an algorithm
     from another: ``alg`` itself is never changed. The fields must exist.
     """
     unknown = sorted(k for k in changes if not hasattr(alg, k))
@@ -86,7 +87,7 @@ def _replaced(alg: _A, **changes: Any) -> _A:
 
 
 class Algorithm(_Frozen):
-    """A training trick as pure functions of an event and a :class:`State`.
+    """A training trick as pure functions of an event and a :class:`Context`.
 
     * ``init(key)`` returns the algorithm's persistent state (``None`` for none); the step
       stores it in ``TrainState.algorithm_state`` at the algorithm's position in the list.
@@ -116,7 +117,7 @@ class Algorithm(_Frozen):
     Combinators list what they wrap in ``parts``.
 
     An algorithm is **frozen** once its constructor returns, like an equinox module: setting
-    or deleting an attribute raises ``AttributeError``, and ``bind``, the combinators and
+    or deleting an attribute raises ``AttributeError``, and ``for_step``, the combinators and
     :meth:`renamed` build new algorithms instead (see ``docs/concepts/transforms.md``).
 
     Example:
@@ -129,7 +130,7 @@ class Algorithm(_Frozen):
         ...     def apply(self, event, state):
         ...         return state.replace(own=state.own + 1)
         >>> alg = CountSteps()
-        >>> state = sbfunc.State(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
+        >>> state = sbfunc.Context(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
         >>> alg.apply(Event.BATCH_END, state).own
         1
         >>> alg.renamed("counter")
@@ -166,6 +167,14 @@ class Algorithm(_Frozen):
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
+        if "bind" in cls.__dict__ and "for_step" not in cls.__dict__:  # a subclass of 0.3
+            warnings.warn(
+                f"{cls.__name__}.bind: Algorithm.bind was renamed to Algorithm.for_step; "
+                "the old name is honoured until 1.1",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            cls.for_step = cls.__dict__["bind"]  # type: ignore[method-assign]
 
     def init(self, key: Any) -> Any:
         """The algorithm's own initial state, or ``None`` for none (the default).
@@ -183,14 +192,14 @@ class Algorithm(_Frozen):
         return None
 
     @abstractmethod
-    def match(self, event: Event, state: State) -> Any:
+    def match(self, event: Event, state: Context) -> Any:
         """Whether to run on ``event`` (truthy: yes); decided on the host from ``state.time``."""
 
     @abstractmethod
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         """Return the new state, or ``(new_state, exit_code)``; never mutate ``state``."""
 
-    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+    def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         """This algorithm set up for a training step with ``loss_fn`` and ``per_sample``.
 
         :func:`sbfunc.make_train_step` calls it on every algorithm when it builds the step, so
@@ -204,7 +213,7 @@ class Algorithm(_Frozen):
 
         Example:
             >>> alg = sbfunc.algorithms.LabelSmoothing(num_classes=3)
-            >>> alg.bind(loss_fn=None, per_sample=None) is alg
+            >>> alg.for_step(loss_fn=None, per_sample=None) is alg
             True
         """
         return self

@@ -1,7 +1,7 @@
 """Combinators: plain functions that build an :class:`Algorithm` from algorithms.
 
-``chain`` and ``named_chain`` run several algorithms as one; their state is the tuple (or, for
-``named_chain``, the dict) of their parts' states, so state mirrors the structure of the
+``sequence`` and ``named_sequence`` run several algorithms as one; their state is the tuple (or,
+for ``named_sequence``, the dict) of their parts' states, so state mirrors the structure of the
 algorithms and two parts can never collide. ``on_events``, ``during``, ``every_n_steps`` and
 ``when`` gate one algorithm and are transparent: same name, state, key and flags as the part.
 Every result is an ``Algorithm`` (so it nests) and lists its parts in ``parts``.
@@ -15,11 +15,11 @@ from typing import Any
 from sbfunc import random as sbrandom
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult, _replaced
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 from sbfunc.engine.trace import stream_ids, unpack_result
 from sbfunc.validation import check_fraction, check_int
 
-__all__ = ["chain", "during", "every_n_steps", "named_chain", "on_events", "when"]
+__all__ = ["during", "every_n_steps", "named_sequence", "on_events", "sequence", "when"]
 
 
 def _check_algorithm(alg: object, arg: str) -> Algorithm:
@@ -38,7 +38,7 @@ def _inherited(parts: tuple[Algorithm, ...]) -> dict[str, Any]:
     return flags
 
 
-class _Chain(Algorithm):
+class _Sequence(Algorithm):
     """Runs its parts in order as one algorithm; state: its parts' states."""
 
     def __init__(
@@ -65,7 +65,7 @@ class _Chain(Algorithm):
             p.init(sbrandom.fold_in(key, s)) for p, s in zip(self.parts, self.streams, strict=True)
         )
 
-    def match(self, event: Event, state: State) -> Any:
+    def match(self, event: Event, state: Context) -> Any:
         own, scratch = self._items(state.own), self._items(state.scratch)
         decisions = tuple(
             p.match(event, state.replace(own=own[i], scratch=scratch[i]))
@@ -73,7 +73,7 @@ class _Chain(Algorithm):
         )
         return decisions if any(decisions) else False
 
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         decisions = state.matched
         own, scratch = self._items(state.own), self._items(state.scratch)
         key, code = state.key, None
@@ -97,28 +97,28 @@ class _Chain(Algorithm):
         )
         return state if code is None else (state, code)
 
-    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
-        parts = tuple(p.bind(loss_fn=loss_fn, per_sample=per_sample) for p in self.parts)
+    def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        parts = tuple(p.for_step(loss_fn=loss_fn, per_sample=per_sample) for p in self.parts)
         if all(new is old for new, old in zip(parts, self.parts, strict=True)):
             return self
-        return _Chain(parts, self.name, self.names)
+        return _Sequence(parts, self.name, self.names)
 
     def __repr__(self) -> str:
         parts = self.parts if self.names is None else zip(self.names, self.parts, strict=True)
-        return f"chain({', '.join(map(repr, parts))}, name={self.name!r})"
+        return f"sequence({', '.join(map(repr, parts))}, name={self.name!r})"
 
 
-def chain(*algorithms: Algorithm, name: str = "chain") -> Algorithm:
+def sequence(*algorithms: Algorithm, name: str = "sequence") -> Algorithm:
     """Run ``algorithms`` in order as a single algorithm.
 
     It matches when any part matches (its decision is the tuple of the parts' decisions) and
     applies, in order, each part that matched. Its state is the tuple of its parts' states and
-    each part draws from its own stream (derived from the chain's key and the part's name and
-    rank among same-named parts). The last exit code a part reports becomes the chain's.
+    each part draws from its own stream (derived from the sequence's key and the part's name and
+    rank among same-named parts). The last exit code a part reports becomes the sequence's.
 
     Args:
         *algorithms: the parts.
-        name: the chain's name in traces.
+        name: the sequence's name in traces.
 
     Returns:
         An :class:`Algorithm` whose flags are the OR of its parts' flags.
@@ -127,25 +127,26 @@ def chain(*algorithms: Algorithm, name: str = "chain") -> Algorithm:
         TypeError: if a part is not an ``Algorithm``.
 
     Example:
-        >>> from sbfunc.engine import Event, chain
+        >>> from sbfunc.engine import Event, sequence
         >>> from sbfunc.testing import Toy
-        >>> both = chain(Toy(tag=1), Toy(tag=2))
-        >>> state = sbfunc.State(sbfunc.random.key(0), own=both.init(sbfunc.random.key(0)))
+        >>> both = sequence(Toy(tag=1), Toy(tag=2))
+        >>> state = sbfunc.Context(sbfunc.random.key(0), own=both.init(sbfunc.random.key(0)))
         >>> decision = both.match(Event.INIT, state)
         >>> both.apply(Event.INIT, state.replace(matched=decision)).own  # each Toy logs its tag
         ((1,), (2,))
 
     References:
-        optax ``chain``; MosaicML Composer algorithm lists.
+        optax ``sequence``; MosaicML Composer algorithm lists.
     """
     parts = tuple(_check_algorithm(a, f"algorithms[{i}]") for i, a in enumerate(algorithms))
     if not isinstance(name, str) or not name:
         raise TypeError(f"name must be a non-empty str, got {name!r}")
-    return _Chain(parts, name, None)
+    return _Sequence(parts, name, None)
 
 
-def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algorithm:
-    """Like :func:`chain`, with named parts: ``named_chain(a=x, b=y)`` or ``(("a", x), ...)``.
+def named_sequence(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algorithm:
+    """Like :func:`sequence`, with named parts: ``named_sequence(a=x, b=y)`` or
+    ``(("a", x), ...)``.
 
     Its state is a dict of the parts' states by those names, and each part's random stream is
     derived from its given name.
@@ -155,20 +156,20 @@ def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algor
         **algorithms: ``name=algorithm``, in order, after the pairs.
 
     Returns:
-        An :class:`Algorithm` named ``"named_chain"``.
+        An :class:`Algorithm` named ``"named_sequence"``.
 
     Raises:
         TypeError: if a pair is not ``(str, Algorithm)``.
         ValueError: if a name is used twice.
 
     Example:
-        >>> from sbfunc.engine import named_chain
+        >>> from sbfunc.engine import named_sequence
         >>> from sbfunc.testing import Toy
-        >>> named_chain(first=Toy(), second=Toy()).init(sbfunc.random.key(0))
+        >>> named_sequence(first=Toy(), second=Toy()).init(sbfunc.random.key(0))
         {'first': (), 'second': ()}
 
     References:
-        optax ``named_chain``.
+        optax ``named_sequence``.
     """
     items = list(pairs) + list(algorithms.items())
     names, parts = [], []
@@ -178,8 +179,8 @@ def named_chain(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Algor
         names.append(item[0])
         parts.append(_check_algorithm(item[1], f"algorithm {item[0]!r}"))
     if len(set(names)) != len(names):
-        raise ValueError(f"named_chain names must be unique, got {names}")
-    return _Chain(tuple(parts), "named_chain", tuple(names))
+        raise ValueError(f"named_sequence names must be unique, got {names}")
+    return _Sequence(tuple(parts), "named_sequence", tuple(names))
 
 
 class _Gated(Algorithm):
@@ -192,7 +193,7 @@ class _Gated(Algorithm):
     def __init__(
         self,
         part: Algorithm,
-        gate: Callable[[Event, State], bool],
+        gate: Callable[[Event, Context], bool],
         description: str,
         *,
         only: frozenset[Event] | None = None,
@@ -213,14 +214,14 @@ class _Gated(Algorithm):
     def init(self, key: Any) -> Any:
         return self.part.init(key)
 
-    def match(self, event: Event, state: State) -> Any:
+    def match(self, event: Event, state: Context) -> Any:
         return self.gate(event, state) and self.part.match(event, state)
 
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         return self.part.apply(event, state)
 
-    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
-        part = self.part.bind(loss_fn=loss_fn, per_sample=per_sample)
+    def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        part = self.part.for_step(loss_fn=loss_fn, per_sample=per_sample)
         if part is self.part:
             return self
         gated = _Gated(part, self.gate, self.description, only=self.only, elapsed=self.elapsed)
@@ -247,7 +248,7 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
         >>> from sbfunc.engine import Event, on_events
         >>> from sbfunc.testing import Toy
         >>> alg = on_events(Toy(), [Event.BATCH_END])
-        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> state = sbfunc.Context(sbfunc.random.key(0))
         >>> alg.match(Event.BATCH_END, state), alg.match(Event.INIT, state)
         (True, False)
 
@@ -286,7 +287,7 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
         >>> from sbfunc.engine import Event, during
         >>> from sbfunc.testing import Toy
         >>> alg = during(Toy(), 0.5, 0.9)
-        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> state = sbfunc.Context(sbfunc.random.key(0))
         >>> [alg.match(Event.INIT, state.replace(time=sbfunc.Time(elapsed=t)))
         ...  for t in (0.4, 0.5, 0.9)]
         [False, True, False]
@@ -326,7 +327,7 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
         >>> from sbfunc.engine import Event, every_n_steps
         >>> from sbfunc.testing import Toy
         >>> alg = every_n_steps(Toy(), 3, offset=1)
-        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> state = sbfunc.Context(sbfunc.random.key(0))
         >>> [s for s in range(8)
         ...  if alg.match(Event.INIT, state.replace(time=sbfunc.Time(step=s)))]
         [1, 4, 7]
@@ -338,14 +339,14 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
     check_int(n, "n", low=1)
     check_int(offset, "offset", low=0)
 
-    def gate(event: Event, state: State) -> bool:
+    def gate(event: Event, state: Context) -> bool:
         step = state.time.step
         return step >= offset and (step - offset) % n == 0
 
     return _Gated(algorithm, gate, f"every_n_steps(n={n}, offset={offset})")
 
 
-def when(algorithm: Algorithm, predicate: Callable[[State], Any]) -> Algorithm:
+def when(algorithm: Algorithm, predicate: Callable[[Context], Any]) -> Algorithm:
     """Run ``algorithm`` only when ``predicate(state)`` is true.
 
     The predicate runs on the host with ``match`` (before the step's tensor work): decide from
@@ -365,7 +366,7 @@ def when(algorithm: Algorithm, predicate: Callable[[State], Any]) -> Algorithm:
         >>> from sbfunc.engine import Event, when
         >>> from sbfunc.testing import Toy
         >>> alg = when(Toy(), lambda s: s.time.epoch >= 2)
-        >>> state = sbfunc.State(sbfunc.random.key(0))
+        >>> state = sbfunc.Context(sbfunc.random.key(0))
         >>> later = state.replace(time=sbfunc.Time(epoch=2))
         >>> alg.match(Event.INIT, state), alg.match(Event.INIT, later)
         (False, True)

@@ -1,4 +1,4 @@
-"""``inject_hyperparams``: an algorithm's hyperparameters as schedules, visible in state."""
+"""``schedule_hyperparams``: an algorithm's hyperparameters as schedules, visible in state."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any, NamedTuple
 
 from sbfunc.engine.algorithm import FLAGS, Algorithm, ApplyResult, _replaced
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 from sbfunc.engine.trace import unpack_result
 
-__all__ = ["Schedule", "inject_hyperparams"]
+__all__ = ["ElapsedSchedule", "schedule_hyperparams"]
 
-Schedule = Callable[[float], float]
+ElapsedSchedule = Callable[[float], float]
 """A hyperparameter as a function of ``state.time.elapsed`` (the fraction of training)."""
 
 
@@ -61,29 +61,29 @@ class _Injected(Algorithm):
         if not isinstance(alg, Algorithm):
             raise TypeError(f"factory must return an sbfunc Algorithm, got {alg!r}")
         if self.bound is not None:
-            alg = alg.bind(**self.bound)
+            alg = alg.for_step(**self.bound)
         _LAST_BUILT[self] = (values, alg)
         return alg
 
-    def _current(self, state: State) -> tuple[dict[str, Any], Algorithm]:
+    def _current(self, state: Context) -> tuple[dict[str, Any], Algorithm]:
         values = self._values(state.time.elapsed, state.own[0])
         return values, self._build(values)
 
-    def bind(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+    def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         bound = {"loss_fn": loss_fn, "per_sample": per_sample}
-        return _replaced(self, bound=bound, parts=(self.parts[0].bind(**bound),))
+        return _replaced(self, bound=bound, parts=(self.parts[0].for_step(**bound),))
 
     def init(self, key: Any) -> Any:
         values = self._values(0.0, self.initial)
         return values, self._build(values).init(key)
 
-    def match(self, event: Event, state: State) -> Any:
+    def match(self, event: Event, state: Context) -> Any:
         values, alg = self._current(state)
         decision = alg.match(event, state.replace(own=state.own[1]))
         # The values travel to apply in the decision: apply sees the time as tensors.
         return _Decided(tuple(values.items()), decision) if decision else decision
 
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         matched = state.matched
         if isinstance(matched, _Decided):
             values = dict(matched.values)
@@ -95,16 +95,16 @@ class _Injected(Algorithm):
         return out if code is None else (out, code)
 
 
-def inject_hyperparams(
+def schedule_hyperparams(
     factory: Callable[..., Algorithm], *, name: str | None = None
 ) -> Callable[..., Algorithm]:
     """Make ``factory``'s keyword hyperparameters live in state, optionally as schedules.
 
-    ``inject_hyperparams(factory)(**hparams)`` is an algorithm that, on every event, builds
+    ``schedule_hyperparams(factory)(**hparams)`` is an algorithm that, on every event, builds
     ``factory(**values)`` and delegates ``match``/``apply`` to it. Its state is
     ``(values, part_state)``: ``values`` are the current hyperparameters (a callable
-    hyperparameter is a :data:`Schedule` evaluated at ``state.time.elapsed``; any other value
-    is read from the state, so editing it there, functionally, changes it) and ``part_state``
+    hyperparameter is an :data:`ElapsedSchedule` evaluated at ``state.time.elapsed``; any other
+    value is read from the state, so editing it there, functionally, changes it) and ``part_state``
     the built algorithm's own state. ``apply`` writes the values it used back. ``factory``
     must be pure (same values, same algorithm): the last build is reused while the values do
     not change (a memo kept outside the algorithm, which stays frozen).
@@ -124,16 +124,16 @@ def inject_hyperparams(
         TypeError: if ``factory`` is not callable or does not return an ``Algorithm``.
 
     Example:
-        >>> from sbfunc.engine import Event, inject_hyperparams
+        >>> from sbfunc.engine import Event, schedule_hyperparams
         >>> from sbfunc.testing import Toy
-        >>> alg = inject_hyperparams(Toy)(tag=lambda t: round(10 * t))
+        >>> alg = schedule_hyperparams(Toy)(tag=lambda t: round(10 * t))
         >>> key = sbfunc.random.key(0)
-        >>> state = sbfunc.State(key, own=alg.init(key), time=sbfunc.Time(elapsed=0.3))
+        >>> state = sbfunc.Context(key, own=alg.init(key), time=sbfunc.Time(elapsed=0.3))
         >>> alg.apply(Event.INIT, state).own  # (values, the Toy's own log)
         ({'tag': 3}, (3,))
 
     References:
-        optax ``inject_hyperparams``.
+        optax ``schedule_hyperparams``.
     """
     if not callable(factory):
         raise TypeError(f"factory must be callable (**hparams -> Algorithm), got {factory!r}")

@@ -1,8 +1,8 @@
 """Deciding which algorithms run: their order once, when a step is built; ``match`` per step.
 
-An algorithm list is flattened into *leaves*: every algorithm, with ``chain``/``named_chain``
-expanded into their parts (so ``chain(a, b)`` runs exactly like ``[a, b]``), each with the path
-of its state inside ``TrainState.algorithm_state`` (which still mirrors the chains). A
+An algorithm list is flattened into *leaves*: every algorithm, with ``sequence``/``named_sequence``
+expanded into their parts (so ``sequence(a, b)`` runs exactly like ``[a, b]``), each with the path
+of its state inside ``TrainState.algorithm_state`` (which still mirrors the sequences). A
 :class:`Planner` runs the ordering passes **once per event, when it is built**, on every leaf
 that can match that event. Each step then calls ``match`` once per leaf and event it listens to
 (``Algorithm.events``; every event when ``None``), on the host, from the time alone, and keeps
@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from sbfunc.engine.algorithm import Algorithm
-from sbfunc.engine.combinators import _Chain
+from sbfunc.engine.combinators import _Sequence
 from sbfunc.engine.events import Event
 from sbfunc.engine.ordering import Pass
-from sbfunc.engine.state import State, Time
+from sbfunc.engine.state import Context, Time
 from sbfunc.engine.trace import stream_ids, trace_labels
 
 __all__ = ["Leaf", "Plan", "Planned", "Planner", "flatten", "get_path", "set_path"]
@@ -36,13 +36,13 @@ Path = tuple[Any, ...]
 
 
 class Leaf(NamedTuple):
-    """One algorithm the engine applies on its own (chains are expanded into their parts).
+    """One algorithm the engine applies on its own (sequences are expanded into their parts).
 
     Attributes:
         algorithm: the algorithm.
         path: where its state sits in ``TrainState.algorithm_state``: the position in the
-            list, then the part index (``chain``) or name (``named_chain``) at each level.
-        label: its name in traces (``chain/part`` for a part of a chain).
+            list, then the part index (``sequence``) or name (``named_sequence``) at each level.
+        label: its name in traces (``sequence/part`` for a part of a sequence).
         streams: the random-stream ids along ``path`` (its key: the step key folded with the
             first and the event, then with each of the others).
     """
@@ -54,21 +54,21 @@ class Leaf(NamedTuple):
 
 
 def flatten(algorithms: Sequence[Algorithm]) -> tuple[Leaf, ...]:
-    """The leaves of an algorithm list, chains expanded in place, in list order.
+    """The leaves of an algorithm list, sequences expanded in place, in list order.
 
     Example:
         >>> from sbfunc.testing import Toy
         >>> from sbfunc.engine.plan import flatten
-        >>> leaves = flatten([Toy(), sbfunc.chain(Toy(name="a"), Toy(name="b"))])
+        >>> leaves = flatten([Toy(), sbfunc.sequence(Toy(name="a"), Toy(name="b"))])
         >>> [(leaf.label, leaf.path) for leaf in leaves]
-        [('Toy', (0,)), ('chain/a', (1, 0)), ('chain/b', (1, 1))]
+        [('Toy', (0,)), ('sequence/a', (1, 0)), ('sequence/b', (1, 1))]
     """
     out: list[Leaf] = []
     labels = trace_labels(algorithms)
     streams = stream_ids([a.name for a in algorithms])
 
     def visit(alg: Algorithm, path: Path, label: str, ids: tuple[int, ...]) -> None:
-        if not isinstance(alg, _Chain):
+        if not isinstance(alg, _Sequence):
             out.append(Leaf(alg, path, label, ids))
             return
         names = alg.names if alg.names is not None else range(len(alg.parts))
@@ -201,7 +201,7 @@ class Planner:
             if not listens:
                 continue
             own = get_path(algorithm_state, leaf.path)
-            view = State(None, time=time, own=own)  # type: ignore[arg-type]
+            view = Context(None, time=time, own=own)  # type: ignore[arg-type]
             later = view if after is None else view._replace(time=after)
             for e, event in listens:
                 decision = leaf.algorithm.match(event, later if event in _AFTER_UPDATE else view)
@@ -226,7 +226,7 @@ class Planner:
         found: list[tuple[int, Any]] = []
         for i in rank:  # the leaves that listen to the event
             leaf = self.leaves[i]
-            view = State(None, time=time, own=get_path(algorithm_state, leaf.path))  # type: ignore[arg-type]
+            view = Context(None, time=time, own=get_path(algorithm_state, leaf.path))  # type: ignore[arg-type]
             decision = leaf.algorithm.match(event, view)
             if decision:
                 found.append((i, decision))

@@ -1,7 +1,7 @@
 """Applying the planned algorithms: one context carried through a step, focused on each one.
 
 :class:`Carry` is everything a step (or one event outside a step) carries through the engine:
-the one :class:`~sbfunc.State` context, every algorithm's persistent state (the tuple that
+the one :class:`~sbfunc.Context` context, every algorithm's persistent state (the tuple that
 mirrors the algorithm list), every leaf's per-batch scratch, the traces so far and the step's
 base key. :func:`apply_planned` applies one event's planned leaves in order: it focuses the
 context on each (its ``own``, ``scratch``, ``matched`` decision and key: four fields), and
@@ -21,7 +21,7 @@ from sbfunc.engine.algorithm import Algorithm
 from sbfunc.engine.events import Event
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.engine.plan import Leaf, Planned, Planner, get_path, set_path
-from sbfunc.engine.state import State, TrainState
+from sbfunc.engine.state import Context, TrainState
 from sbfunc.engine.trace import Trace, unpack_result
 from sbfunc.engine.writes import OUTSIDE_STEP, Writable, check_writes
 
@@ -34,7 +34,7 @@ class Carry(NamedTuple):
     """What the engine carries through a step: the context and the algorithms' states.
 
     Attributes:
-        context: the :class:`~sbfunc.State` every algorithm sees (focused on each in turn).
+        context: the :class:`~sbfunc.Context` every algorithm sees (focused on each in turn).
         algorithm_state: ``TrainState.algorithm_state`` as updated so far.
         scratch: one per-batch scratch per leaf (``None`` at the start of a step).
         traces: the traces so far.
@@ -42,14 +42,14 @@ class Carry(NamedTuple):
             an algorithm needs a key.
     """
 
-    context: State
+    context: Context
     algorithm_state: Any
     scratch: tuple[Any, ...]
     traces: tuple[Trace, ...] = ()
     step_key: torch.Tensor | None = None
 
     @staticmethod
-    def start(state: TrainState, context: State, leaves: int) -> Carry:
+    def start(state: TrainState, context: Context, leaves: int) -> Carry:
         """The carry at the start of a step (or event) on ``context``."""
         return Carry(context, state.algorithm_state, (None,) * leaves)
 
@@ -61,7 +61,7 @@ def step_key(root: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
 
 def leaf_key(base: torch.Tensor, leaf: Leaf, event: Event) -> torch.Tensor:
     """A leaf's key for one step and event: ``base`` folded with its first stream id and the
-    event, then with the stream id of each chain part on its path."""
+    event, then with the stream id of each sequence part on its path."""
     key = sbrandom.fold_in(base, (leaf.streams[0] << 8) | _EVENT_INDEX[event])
     for stream in leaf.streams[1:]:
         key = sbrandom.fold_in(key, stream)
@@ -89,7 +89,7 @@ def apply_planned(
             (:mod:`sbfunc.engine.writes`); ``None``: no check.
 
     Raises:
-        TypeError: if an ``apply`` returns neither a ``State`` nor ``(State, exit_code)``.
+        TypeError: if an ``apply`` returns neither a ``Context`` nor ``(Context, exit_code)``.
         ValueError: if an ``apply`` changes a field that ``writes`` says nothing reads.
     """
     context, states, scratch, traces, base = carry
@@ -124,7 +124,7 @@ def run_event(
 ) -> tuple[TrainState, tuple[Trace, ...]]:
     """Run one event outside a training step: match, order, apply; return the new state.
 
-    1. ``match(event, view)`` is called exactly once per algorithm (chains: per part), in list
+    1. ``match(event, view)`` is called exactly once per algorithm (sequences: per part), in list
        order, on a view holding the time and the algorithm's own state.
     2. The matched algorithms are applied in the order the passes give the algorithm list.
     3. Each is applied in turn to what the previous one returned, focused on its own entry of
@@ -172,7 +172,7 @@ def run_event(
     planned = planner.decide_event(event, state.time, state.algorithm_state)
     if not planned:
         return state, ()
-    context = State(
+    context = Context(
         None,  # type: ignore[arg-type]
         state.params,
         state.buffers,

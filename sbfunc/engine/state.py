@@ -3,13 +3,14 @@
 * :class:`TrainState` persists from step to step (and into checkpoints): parameters, buffers,
   the optimizer state, one state per algorithm (a tuple that mirrors the algorithm list), the
   root key and the clock. ``step.init(params, buffers, key=...)`` builds it; nothing else does.
-* :class:`State` is the one per-step context (Composer's ``State``): the persistent fields, the
-  current batch's values (``batch``, ``outputs``, ``loss``, ``losses``, ``grads``,
-  ``sample_weights``), which live for one step only, and the fields focused on the algorithm
+* :class:`Context` is what an algorithm sees on one event (``State`` in 0.3; Composer's
+  ``State`` is the whole trainer, :class:`TrainState` here): the persistent fields, the current
+  batch's values (``batch``, ``outputs``, ``loss``, ``losses``, ``grads``, ``sample_weights``),
+  which live for one step only, and the fields focused on the algorithm
   being applied: ``own`` (its entry of ``TrainState.algorithm_state``), ``scratch`` (its
   per-batch entry, ``None`` at the start of every step), ``matched`` (what its ``match``
   returned) and ``key`` (its own random key for this step and event). The engine carries one
-  ``State`` through a whole step and re-focuses it on each algorithm it applies.
+  ``Context`` through a whole step and re-focuses it on each algorithm it applies.
 
 :class:`Time` is the one clock. ``match`` reads it as Python numbers (deciding on the host never
 syncs a device, and the engine decides outside the compiled step); inside ``apply`` the same
@@ -25,7 +26,7 @@ import torch
 
 from sbfunc.types import Params
 
-__all__ = ["State", "Time", "TrainState"]
+__all__ = ["Context", "Time", "TrainState"]
 
 
 class Time(NamedTuple):
@@ -50,7 +51,7 @@ class Time(NamedTuple):
             ``elapsed`` (``uses_elapsed``) refuse to run without it.
         rows_nonfinite: a 0-d ``int64`` tensor: training rows left out of updates because
             their input or loss was not finite, selection's unscorable rows included
-            (``State.rows_unscorable``; ``None`` only in a hand-made ``Time``).
+            (``Context.rows_unscorable``; ``None`` only in a hand-made ``Time``).
 
     Example:
         >>> sbfunc.Time(step=3, total_steps=6)._replace(step=4).step
@@ -162,7 +163,7 @@ class TrainState(NamedTuple):
         return _replace(self, changes)
 
 
-class State(NamedTuple):
+class Context(NamedTuple):
     """What one algorithm sees when it is applied on one event.
 
     An ``apply(event, state)`` reads these fields and returns ``state.replace(...)``; the engine
@@ -193,16 +194,16 @@ class State(NamedTuple):
             that changes them there changes the update).
         sample_weights: per-sample loss weights set by selection policies, or ``None``
             (a change takes effect up to ``BEFORE_BACKWARD``).
-
-    Which event may change which field: :mod:`sbfunc.engine.writes`.
         samples_scored: rows forwarded by scoring passes during this step.
         rows_unscorable: rows a selection left out during this step that could not be
             scored (a non-finite score or input), a 0-d ``int64`` tensor on the device;
             ``None`` while no selection ran. The step adds it to ``rows_nonfinite``
             (:class:`sbfunc.step.StepMetrics`, :class:`Time`).
 
+    Which event may change which field: :mod:`sbfunc.engine.writes`.
+
     Example:
-        >>> s = sbfunc.State(sbfunc.random.key(0), batch=(torch.zeros(2, 3),))
+        >>> s = sbfunc.Context(sbfunc.random.key(0), batch=(torch.zeros(2, 3),))
         >>> s.replace(loss=torch.tensor(1.0)).loss
         tensor(1.)
 
@@ -227,11 +228,11 @@ class State(NamedTuple):
     samples_scored: int = 0
     rows_unscorable: torch.Tensor | None = None
 
-    def replace(self, **changes: Any) -> State:
+    def replace(self, **changes: Any) -> Context:
         """A new state with ``changes`` applied; raises ``TypeError`` naming an unknown field.
 
         Example:
-            >>> s = sbfunc.State(sbfunc.random.key(0))
+            >>> s = sbfunc.Context(sbfunc.random.key(0))
             >>> s.replace(batch=torch.ones(2)).batch
             tensor([1., 1.])
         """

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from sbfunc.engine.algorithm import Algorithm
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 
 __all__ = ["Trace", "stream_ids", "trace_labels", "unpack_result"]
 
@@ -83,13 +83,13 @@ def trace_labels(algorithms: Sequence[Algorithm]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def unpack_result(result: object, alg: Algorithm) -> tuple[State, int | None]:
+def unpack_result(result: object, alg: Algorithm) -> tuple[Context, int | None]:
     """``(state, exit_code)`` from what an ``apply`` returned (raises ``TypeError`` otherwise)."""
-    if isinstance(result, State):
+    if isinstance(result, Context):
         return result, None
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State):
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], Context):
         return result[0], result[1]
     raise TypeError(
-        f"{alg.name}.apply must return a State or a (State, exit_code) pair, "
+        f"{alg.name}.apply must return a Context or a (Context, exit_code) pair, "
         f"got {type(result).__name__}"
     )

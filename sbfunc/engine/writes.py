@@ -1,7 +1,7 @@
-"""Where an algorithm's writes take effect: the fields of a :class:`~sbfunc.State` that each
+"""Where an algorithm's writes take effect: the fields of a :class:`~sbfunc.Context` that each
 event may change.
 
-An ``apply`` returns a new ``State``; the engine keeps what it wrote. Some writes would be
+An ``apply`` returns a new ``Context``; the engine keeps what it wrote. Some writes would be
 lost: a ``loss`` set before the loss exists is overwritten, ``grads`` set after the update
 are never read, and outside a training step only the persistent fields are kept. The engine
 refuses those writes (:func:`check_writes`) instead of dropping them silently, naming the
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 
 __all__ = ["EVALUATION", "OUTSIDE_STEP", "Writable", "check_writes", "in_step"]
 
@@ -66,7 +66,7 @@ def in_step(*, staged: bool) -> Writable:
 
 
 def check_writes(
-    event: Event, before: State, after: State, label: str, writable: Writable
+    event: Event, before: Context, after: Context, label: str, writable: Writable
 ) -> None:
     """Raise if ``after`` changed a field that ``event`` may not change.
 
@@ -83,7 +83,7 @@ def check_writes(
 
     Example:
         >>> from sbfunc.engine.writes import check_writes, in_step
-        >>> s = sbfunc.State(sbfunc.random.key(0))
+        >>> s = sbfunc.Context(sbfunc.random.key(0))
         >>> check_writes(sbfunc.Event.BEFORE_FORWARD, s, s.replace(loss=torch.tensor(1.0)),
         ...              "Mine", in_step(staged=True))
         Traceback (most recent call last):

@@ -8,7 +8,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.optim._base import GradientTransformation, Transform, by_group, cast_like, zero_count
+from sbfunc.optim._base import (
+    GradientTransformation,
+    TransformRecord,
+    by_group,
+    cast_like,
+    zero_count,
+)
 from sbfunc.optim._finite import host_flag, keep_if_finite, negative_zeros
 from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_int
@@ -43,7 +49,7 @@ class MultiStepsState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _MultiSteps(Transform):
+class _MultiSteps(TransformRecord):
     inner: GradientTransformation
     every_k: int
     use_mean: bool = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sbfunc.optim._base import GradientTransformation, is_zero, named
+from sbfunc.optim._base import GradientTransformation, is_zero, optimizer_of
 from sbfunc.optim._checks import check_real_or_schedule, describe
 from sbfunc.optim._moments import _ScaleByAdam, check_adam
 from sbfunc.optim._transforms import (
@@ -58,7 +58,7 @@ def _adam(
         start = 1.0 if initial_lr is None else initial_lr
         parts.append(decoupled_weight_decay(wd, learning_rate=lr, initial_lr=start))
     shown = args if initial_lr is None else {**args, "initial_lr": initial_lr}
-    return named(describe(name, shown), parts)
+    return optimizer_of(describe(name, shown), parts)
 
 
 def adam(

@@ -17,15 +17,17 @@ __all__ = [
     "EmptyState",
     "GradientTransformation",
     "Scalar",
-    "Transform",
+    "TransformRecord",
     "apply_updates",
     "by_group",
     "cast_like",
     "chain",
     "check_grads",
+    "host_readable",
+    "hyperparam_at",
     "is_zero",
-    "on",
-    "resolve",
+    "optimizer_of",
+    "scalar_like",
     "zero_count",
 ]
 
@@ -70,13 +72,13 @@ class GradientTransformation(NamedTuple):
 
     def __repr__(self) -> str:
         owner = getattr(self.update, "__self__", None)
-        if isinstance(owner, Transform) and getattr(self.init, "__self__", None) is owner:
+        if isinstance(owner, TransformRecord) and getattr(self.init, "__self__", None) is owner:
             return repr(owner)
         return f"GradientTransformation(init={self.init!r}, update={self.update!r})"
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Transform:
+class TransformRecord:
     """Base of the transformations' records: ``init`` and ``update`` are its methods,
     :meth:`transformation` pairs them, and the repr reads as the building call (``name`` and
     the fields declared with ``repr=False`` are left out)."""
@@ -101,7 +103,7 @@ class Transform:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _Chain(Transform):
+class _Chain(TransformRecord):
     parts: tuple[GradientTransformation, ...] = dataclasses.field(repr=False)
     call: str = dataclasses.field(repr=False, default="")
 
@@ -162,7 +164,7 @@ def chain(*transforms: GradientTransformation) -> GradientTransformation:
     return _Chain(name="chain", parts=tuple(transforms)).transformation()
 
 
-def named(call: str, parts: list[GradientTransformation]) -> GradientTransformation:
+def optimizer_of(call: str, parts: list[GradientTransformation]) -> GradientTransformation:
     """The public optimizers: their parts chained (a single part is itself, so its state is
     not wrapped in a tuple), with ``call`` as the repr and the gradient keys checked."""
     return _Named(name="named", parts=tuple(parts), call=call).transformation()
@@ -235,7 +237,7 @@ def zero_count(params: Params) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=device)
 
 
-def resolve(value: float | Callable[..., Any], count: torch.Tensor) -> Scalar:
+def hyperparam_at(value: float | Callable[..., Any], count: torch.Tensor) -> Scalar:
     """A hyperparameter's value at ``count``: a float stays, a schedule is evaluated to a 0-d
     float64 tensor on the count's device (tensor ops only, no host sync)."""
     return value_at(value, count) if callable(value) else value
@@ -283,7 +285,7 @@ def by_group(
     return tuple({k: d[k] for k in trees[0] if k in d} for d in outs)
 
 
-def readable(t: torch.Tensor) -> bool:
+def host_readable(t: torch.Tensor) -> bool:
     """Whether reading ``t`` on the host costs nothing: a CPU tensor while nothing traces
     (no compiler, no torch.func transform). The eager fast paths branch on such values
     instead of computing every case with tensor ops."""
@@ -294,7 +296,7 @@ def readable(t: torch.Tensor) -> bool:
     )
 
 
-def on(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
+def scalar_like(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
     """``value`` with the device and dtype of ``like`` (floats and ``None`` unchanged).
 
     A 0-d float64 scalar would otherwise promote 0-d parameters to float64; for float32

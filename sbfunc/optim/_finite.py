@@ -10,7 +10,13 @@ from typing import Any, NamedTuple
 import torch
 import torch.utils._pytree as torch_pytree
 
-from sbfunc.optim._base import GradientTransformation, Transform, cast_like, readable, zero_count
+from sbfunc.optim._base import (
+    GradientTransformation,
+    TransformRecord,
+    cast_like,
+    host_readable,
+    zero_count,
+)
 from sbfunc.types import Params
 from sbfunc.validation import check_int
 
@@ -102,7 +108,7 @@ def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
 def host_flag(flag: torch.Tensor) -> bool | None:
     """``flag`` as a Python bool when reading it costs nothing (a CPU tensor, nothing
     tracing), else ``None`` (select with ``torch.where`` instead of branching)."""
-    return bool(flag) if readable(flag) else None
+    return bool(flag) if host_readable(flag) else None
 
 
 def negative_zeros(updates: Params) -> Params:
@@ -137,7 +143,7 @@ class ApplyIfFiniteState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _ApplyIfFinite(Transform):
+class _ApplyIfFinite(TransformRecord):
     inner: GradientTransformation
     max_consecutive_errors: int | None = None
 

@@ -12,11 +12,11 @@ import torch
 from sbfunc.optim._base import (
     GradientTransformation,
     Scalar,
-    Transform,
+    TransformRecord,
     by_group,
     cast_like,
-    on,
-    readable,
+    host_readable,
+    scalar_like,
     zero_count,
 )
 from sbfunc.optim._checks import check_real_or_schedule
@@ -59,7 +59,7 @@ class TraceState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _Trace(Transform):
+class _Trace(TransformRecord):
     momentum: float
     dampening: float = 0.0
     nesterov: bool = False
@@ -80,7 +80,7 @@ class _Trace(Transform):
             torch._foreach_add_(new_b, g, alpha=1 - self.dampening)
             if first is not None:  # b * (1 - first) + g * first selects exactly (for finite
                 # gradients; an infinite one turns the buffer NaN rather than inf)
-                f = on(first, g[0])
+                f = scalar_like(first, g[0])
                 torch._foreach_mul_(new_b, 1 - f)  # type: ignore[operator]
                 torch._foreach_add_(new_b, torch._foreach_mul(g, f))  # type: ignore[arg-type]
             if self.nesterov:
@@ -192,7 +192,7 @@ class ScaleByAdamState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _ScaleByAdam(Transform):
+class _ScaleByAdam(TransformRecord):
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -213,7 +213,7 @@ class _ScaleByAdam(Transform):
         """``(step, sqrt(1 - b2**t))`` of update ``t = count + 1``: ``step`` is
         ``1 / (1 - b1**t)``, or ``-lr_t / (1 - b1**t)`` with a learning rate."""
         lr = self.learning_rate
-        if readable(count) and not callable(lr):
+        if host_readable(count) and not callable(lr):
             # eagerly on the CPU, torch.optim's own arithmetic: Python floats from the count
             t = int(count) + 1
             bc1 = 1 - self.b1**t
@@ -245,11 +245,11 @@ class _ScaleByAdam(Transform):
             if self.amsgrad:
                 v_max = list(torch._foreach_maximum(v_max, v))
             denom = list(torch._foreach_sqrt(v_max if self.amsgrad else v))
-            torch._foreach_div_(denom, on(bc2_sqrt, g[0]))  # type: ignore[arg-type]
+            torch._foreach_div_(denom, scalar_like(bc2_sqrt, g[0]))  # type: ignore[arg-type]
             torch._foreach_add_(denom, self.eps)
             # step * m first, then / denom: the rounding of torch's addcdiv(value=step), whose
             # p + this is exact as torch's
-            out = list(torch._foreach_mul(m, on(step, g[0])))  # type: ignore[arg-type]
+            out = list(torch._foreach_mul(m, scalar_like(step, g[0])))  # type: ignore[arg-type]
             torch._foreach_div_(out, denom)
             return out, m, v, v_max
 

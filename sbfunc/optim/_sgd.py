@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sbfunc.optim._base import GradientTransformation, is_zero, named
+from sbfunc.optim._base import GradientTransformation, is_zero, optimizer_of
 from sbfunc.optim._checks import check_real_or_schedule, describe
 from sbfunc.optim._moments import check_momentum, trace
 from sbfunc.optim._transforms import (
@@ -104,7 +104,7 @@ def sgd(
     """
     args = _check_sgd(lr, momentum, dampening, nesterov, weight_decay, maximize)
     parts = [*_head(args, l2=True), scale_by_learning_rate(args["lr"])]
-    return named(describe("sgd", args), parts)
+    return optimizer_of(describe("sgd", args), parts)
 
 
 def decoupled_sgdw(
@@ -166,4 +166,4 @@ def decoupled_sgdw(
     if not is_zero(args["weight_decay"]):
         wd = args["weight_decay"]
         parts.append(decoupled_weight_decay(wd, learning_rate=args["lr"], initial_lr=start))
-    return named(describe("decoupled_sgdw", args), parts)
+    return optimizer_of(describe("decoupled_sgdw", args), parts)

@@ -14,11 +14,11 @@ from sbfunc.optim._base import (
     EmptyState,
     GradientTransformation,
     Scalar,
-    Transform,
+    TransformRecord,
     by_group,
+    hyperparam_at,
     need_params,
-    on,
-    resolve,
+    scalar_like,
     zero_count,
 )
 from sbfunc.optim._checks import check_real_or_schedule
@@ -76,7 +76,7 @@ def _next(state: Any) -> Any:
 
 def times(xs: list[torch.Tensor], factor: Scalar) -> list[torch.Tensor]:
     """``factor * x`` for every tensor (a tensor factor cast to their dtype first)."""
-    return list(torch._foreach_mul(xs, on(factor, xs[0]))) if xs else []  # type: ignore[arg-type]
+    return list(torch._foreach_mul(xs, scalar_like(factor, xs[0]))) if xs else []  # type: ignore[arg-type]
 
 
 def _plus(x: list[torch.Tensor], y: list[torch.Tensor], alpha: Scalar) -> list[torch.Tensor]:
@@ -90,7 +90,7 @@ def _plus(x: list[torch.Tensor], y: list[torch.Tensor], alpha: Scalar) -> list[t
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class Stateless(Transform):
+class Stateless(TransformRecord):
     """A transformation without state: ``update`` is :meth:`apply` of the updates alone."""
 
     def init(self, params: Params) -> EmptyState:
@@ -139,7 +139,7 @@ def scale(step_size: float) -> GradientTransformation:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _ScaleByLearningRate(Transform):
+class _ScaleByLearningRate(TransformRecord):
     learning_rate: HParam
     flip_sign: bool = True
 
@@ -195,7 +195,7 @@ def scale_by_learning_rate(
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _AddDecayedWeights(Transform):
+class _AddDecayedWeights(TransformRecord):
     weight_decay: HParam
 
     def init(self, params: Params) -> Any:
@@ -205,7 +205,7 @@ class _AddDecayedWeights(Transform):
         self, updates: Params, state: Any, params: Params | None = None
     ) -> tuple[Params, Any]:
         p = need_params(params, "add_decayed_weights")
-        wd = resolve(self.weight_decay, getattr(state, "count", None))  # type: ignore[arg-type]
+        wd = hyperparam_at(self.weight_decay, getattr(state, "count", None))  # type: ignore[arg-type]
         return by_group(lambda u, x: (_plus(u, x, wd),), updates, p)[0], _next(state)
 
 
@@ -241,7 +241,7 @@ def add_decayed_weights(weight_decay: HParam) -> GradientTransformation:
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _DecoupledWeightDecay(Transform):
+class _DecoupledWeightDecay(TransformRecord):
     weight_decay: HParam
     learning_rate: HParam = 1.0
     initial_lr: float = 1.0
@@ -254,8 +254,8 @@ class _DecoupledWeightDecay(Transform):
     ) -> tuple[Params, Any]:
         p = need_params(params, "decoupled_weight_decay")
         count = getattr(state, "count", None)
-        lr = resolve(self.learning_rate, count)  # type: ignore[arg-type]
-        wd = resolve(self.weight_decay, count)  # type: ignore[arg-type]
+        lr = hyperparam_at(self.learning_rate, count)  # type: ignore[arg-type]
+        wd = hyperparam_at(self.weight_decay, count)  # type: ignore[arg-type]
         factor = 1 - (lr / self.initial_lr) * wd  # torch's and Composer's parameter factor
 
         def decay(u: list[torch.Tensor], x: list[torch.Tensor]) -> tuple[list[torch.Tensor]]:

@@ -19,9 +19,9 @@ class Scoring(NamedTuple):
         loss_fn: the per-sample score, ``loss_fn(params, buffers, batch) -> Tensor[N]``
             (higher = more useful to backpropagate; usually the loss). ``None`` (default): the
             training step's loss, which :func:`sbfunc.make_train_step` gives through
-            ``SelectiveBackprop.bind``. A :class:`sbfunc.module.ModuleLoss` is scored in eval mode
-            (``loss_fn.with_train(False)``: deterministic, no BatchNorm statistics updates)
-            unless ``train=True``.
+            ``SelectiveBackprop.for_step``. A :class:`sbfunc.module.ModuleLoss` is scored in eval
+            mode (``loss_fn.with_train(False)``: deterministic, no BatchNorm statistics
+            updates) unless ``train=True``.
         train: score in the model's train mode (Composer's behaviour: dropout noise, BatchNorm
             statistics updated by the scoring pass).
         dtype: run the scoring forward under ``torch.autocast`` with this dtype

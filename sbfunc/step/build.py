@@ -64,12 +64,12 @@ def make_train_step(
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
     ``step.compile()`` compiles it in place (:meth:`TrainStep.compile`; ``torch.compile(step)``
-    works too); it still has ``init`` and ``fire`` and works with :func:`sbfunc.fit`.
+    works too); it still has ``init`` and ``run_event`` and works with :func:`sbfunc.fit`.
 
     Args:
         loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., train=True)``).
         optimizer: an :mod:`sbfunc.optim` optimizer, e.g. ``sbfunc.optim.adam(1e-3)``.
-        algorithms: the algorithms to run (see :func:`sbfunc.chain`).
+        algorithms: the algorithms to run (see :func:`sbfunc.sequence`).
         passes: the ordering passes (default :data:`sbfunc.passes.DEFAULT_PASSES`).
         nonfinite: ``"skip"``, ``"raise"`` or ``"allow"`` (see above).
         keyed_model: draw the model's random operations from the state's key; ``None``
@@ -146,7 +146,7 @@ def make_train_step(
             "replicas must be sbfunc.step.replicas.ONE_PROCESS or an "
             f"sbfunc.distributed.DataParallel, got {type(replicas).__name__}"
         )
-    algorithms = tuple(a.bind(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
+    algorithms = tuple(a.for_step(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
     split = microbatching(microbatches, microbatch_size)
     return TrainStep(
         loss_fn,

@@ -15,7 +15,7 @@ compiling needs and nothing of the step's meaning:
   its own copy of the traced methods (``__call__`` and ``core``) and a call never checks the
   guards of another step's graphs;
 * the **nn.Module base**: ``torch.compile(step)`` of a module returns a module that forwards
-  attribute access, so the compiled step still has ``init`` and ``fire``;
+  attribute access, so the compiled step still has ``init`` and ``run_event``;
 * the **guard filter** (:func:`drop_library_globals`): ``torch.compile`` guards every global a
   traced function reads. Tracing a step reads hundreds of them in sbfunc's and torch's own
   modules (833 global guards for a Selective Backprop step, about as many as every other guard
@@ -42,7 +42,7 @@ from torch import nn
 from sbfunc.batch import PerSample, strings_as_row_indices
 from sbfunc.engine import TrainState
 from sbfunc.engine.run import Carry
-from sbfunc.step.records import Out, StepMetrics, StepPlan
+from sbfunc.step.records import CoreOutputs, StepMetrics, StepPlan
 
 __all__ = ["CompilableStep", "compile_options", "drop_library_globals", "library_global"]
 
@@ -58,7 +58,7 @@ class CompilableStep(nn.Module):
     eagerly or compiled (see the module docs); a subclass defines the three parts.
 
     An ``nn.Module`` only so that ``torch.compile(step)`` returns a module that still has the
-    step's other methods (``init``, ``fire``): a compiled module forwards attribute access, a
+    step's other methods (``init``, ``run_event``): a compiled module forwards attribute access, a
     compiled plain callable does not. It has no parameters of its own.
     """
 
@@ -78,11 +78,13 @@ class CompilableStep(nn.Module):
         """The host decisions of one step (excluded from compilation)."""
         raise NotImplementedError
 
-    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, Out]:
+    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, CoreOutputs]:
         """The tensor work of one step under ``plan`` (what compiles)."""
         raise NotImplementedError
 
-    def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
+    def finish(
+        self, state: TrainState, carry: Carry, out: CoreOutputs
+    ) -> tuple[TrainState, StepMetrics]:
         """The new state and the metrics (excluded from compilation)."""
         raise NotImplementedError
 
@@ -164,8 +166,10 @@ def library_global(name: str) -> bool:
 
     Example:
         >>> from sbfunc.step.compile import library_global
-        >>> library_global("G['__import_sbfunc_dot_batch'].torch"), library_global("G['Out']")
-        (True, True)
+        >>> library_global("G['__import_sbfunc_dot_batch'].torch")
+        True
+        >>> library_global("G['CoreOutputs']")  # a global of the step's own module
+        True
         >>> library_global("G['__import_my_model'].SCALE")
         False
     """

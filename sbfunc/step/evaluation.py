@@ -12,7 +12,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
-from sbfunc.engine import Event, State, TrainState
+from sbfunc.engine import Context, Event, TrainState
 from sbfunc.engine.run import Carry, apply_planned
 from sbfunc.engine.writes import EVALUATION
 
@@ -65,7 +65,7 @@ def _fire_on_batch(
         return state, batch, outputs
     time = state.time.as_tensors(state.key.device)
     base = sbrandom.fold_in(sbrandom.fold_in(state.key, time.step), _EVAL_STREAM + index)
-    context = State(
+    context = Context(
         None,  # type: ignore[arg-type]
         state.params,
         state.buffers,
@@ -96,7 +96,7 @@ def _weighted_add(total: Any, metrics: Any, rows: int) -> Any:
 def _evaluate_one(
     step: TrainStep, state: TrainState, data: Iterable[Any], eval_fn: EvalFn, name: str | None
 ) -> tuple[TrainState, Any]:
-    state, _ = step.fire(Event.EVAL_START, state)
+    state, _ = step.run_event(Event.EVAL_START, state)
     total: Any = None
     rows = 0
     for i, batch in enumerate(data):
@@ -113,7 +113,7 @@ def _evaluate_one(
     if rows == 0:
         where = "eval_data" if name is None else f"eval_data[{name!r}]"
         raise ValueError(f"{where} yielded no batches (or only empty ones)")
-    state, _ = step.fire(Event.EVAL_END, state)
+    state, _ = step.run_event(Event.EVAL_END, state)
     return state, optree.tree_map(lambda m: m / rows, total)
 
 
@@ -174,9 +174,9 @@ def evaluate(
         sets[None] = data
     if not sets:
         raise ValueError("eval_data is an empty mapping; give at least one evaluation set")
-    state, _ = step.fire(Event.EVAL_BEFORE_ALL, state)
+    state, _ = step.run_event(Event.EVAL_BEFORE_ALL, state)
     results: dict[str | None, Any] = {}
     for name, batches in sets.items():
         state, results[name] = _evaluate_one(step, state, batches, eval_fn, name)
-    state, _ = step.fire(Event.EVAL_AFTER_ALL, state)
+    state, _ = step.run_event(Event.EVAL_AFTER_ALL, state)
     return state, results if several else results[None]

@@ -23,7 +23,7 @@ from sbfunc.optim._finite import host_flag
 from sbfunc.rows import PerSample
 from sbfunc.step.gradients import all_finite, keep_if_finite
 from sbfunc.step.nonfinite import finite_rows, zero_rows
-from sbfunc.step.records import Out
+from sbfunc.step.records import CoreOutputs
 from sbfunc.step.replicas import Replicas
 from sbfunc.types import Params
 
@@ -95,10 +95,10 @@ class NonFiniteGuard(NamedTuple):
         return None if self.mode == "allow" else like.new_zeros(())
 
     def check(
-        self, out: Out, unscorable: torch.Tensor | None, step: int, replicas: Replicas
-    ) -> Out:
+        self, out: CoreOutputs, unscorable: torch.Tensor | None, step: int, replicas: Replicas
+    ) -> CoreOutputs:
         """On the host after the step: ``out`` with the rows a selection left out for a
-        non-finite score (``State.rows_unscorable``) counted too, so they are warned about and
+        non-finite score (``Context.rows_unscorable``) counted too, so they are warned about and
         raised on like the masked ones (no sync); with ``"raise"``, raise for a skipped update
         or a left-out row (reads the flags: a sync).
 
@@ -114,7 +114,7 @@ class NonFiniteGuard(NamedTuple):
         return out
 
 
-def _raise_if_nonfinite(out: Out, step: int, replicas: Replicas) -> None:
+def _raise_if_nonfinite(out: CoreOutputs, step: int, replicas: Replicas) -> None:
     had_rows = out.samples_backpropagated > 0
     if (had_rows or replicas.collective) and bool(out.skipped) and replicas.any_rank(had_rows):
         where = " on some rank" if replicas.collective else ""

@@ -270,7 +270,7 @@ def fit(
     state = load(step, state, load_from)
     t = state.time
     state = state.replace(time=t._replace(total_steps=total, elapsed=min(t.step / total, 1.0)))
-    state = step.fire(Event.FIT_START, state)[0]
+    state = step.run_event(Event.FIT_START, state)[0]
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
     loop = Loop(
         step,
@@ -294,7 +294,7 @@ def fit(
 
 def _check_inputs(step: TrainStep, state: TrainState, data: Data) -> None:
     """The positional arguments' types, named as ``fit`` names them."""
-    if not callable(step) or not hasattr(step, "fire"):
+    if not callable(step) or not hasattr(step, "run_event"):
         raise TypeError(
             f"step must be a TrainStep from sbfunc.make_train_step, got {type(step).__name__}"
         )

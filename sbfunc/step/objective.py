@@ -18,7 +18,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
-from sbfunc.engine import Event, State, Time
+from sbfunc.engine import Context, Event, Time
 from sbfunc.engine.run import Carry
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim._finite import host_flag
@@ -61,7 +61,7 @@ def masked_mean(
 
 
 def backpropagated(
-    ctx: State,
+    ctx: Context,
     before: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     used: torch.Tensor | None,
     n: int,

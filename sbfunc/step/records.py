@@ -9,7 +9,7 @@ import torch
 from sbfunc.engine import Event, Time, Trace
 from sbfunc.engine.plan import Plan
 
-__all__ = ["BATCH_EVENTS", "Out", "StepMetrics", "StepPlan"]
+__all__ = ["BATCH_EVENTS", "CoreOutputs", "StepMetrics", "StepPlan"]
 
 BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
     Event.AFTER_DATALOADER,
@@ -41,7 +41,7 @@ class StepMetrics(NamedTuple):
         traces: the engine's traces of every event of the step, in order.
         rows_nonfinite: a 0-d ``int64`` tensor: rows left out of the update because their
             input or loss was not finite, those a selection left out for a non-finite score
-            included (``State.rows_unscorable``); ``None`` with ``nonfinite="allow"``.
+            included (``Context.rows_unscorable``); ``None`` with ``nonfinite="allow"``.
 
     Example:
         >>> m = sbfunc.step.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
@@ -73,7 +73,7 @@ class StepPlan(NamedTuple):
     time: Time | None
 
 
-class Out(NamedTuple):
+class CoreOutputs(NamedTuple):
     """What the core returns beside the carry (read by ``finish``)."""
 
     loss: torch.Tensor

@@ -114,10 +114,10 @@ def no_rows_here(
     ``(carry, grads, loss, used, rows)`` as :func:`sbfunc.step.microbatch.accumulate` does.
 
     Example:
-        >>> from sbfunc.engine import State
+        >>> from sbfunc.engine import Context
         >>> from sbfunc.engine.run import Carry
         >>> from sbfunc.step.replicas import no_rows_here
-        >>> carry = Carry(State(None, {"w": torch.ones(2)}, {}, ()), (), ())
+        >>> carry = Carry(Context(None, {"w": torch.ones(2)}, {}, ()), (), ())
         >>> no_rows_here(carry, torch.device("cpu"))[1:]
         ({'w': tensor([0., 0.])}, tensor(0.), None, 0)
     """

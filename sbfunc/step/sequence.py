@@ -97,7 +97,7 @@ class Loop:
 
     def fire(self, event: Event, state: TrainState) -> TrainState:
         """``event`` through the step's algorithms and passes."""
-        return self.step.fire(event, state)[0]
+        return self.step.run_event(event, state)[0]
 
     def run(self, state: TrainState) -> TrainState:
         """Epochs until ``time.step`` reaches the limit."""
@@ -236,10 +236,10 @@ def _save(state: TrainState, path: str) -> None:
 def load(step: TrainStep, state: TrainState, path: str | os.PathLike[str] | None) -> TrainState:
     """``BEFORE_LOAD``, then ``path`` loaded into ``state``'s structure (when given), then
     ``AFTER_LOAD``."""
-    state = step.fire(Event.BEFORE_LOAD, state)[0]
+    state = step.run_event(Event.BEFORE_LOAD, state)[0]
     if path is not None:
         state = ckpt.load(path, like=state)
-    return step.fire(Event.AFTER_LOAD, state)[0]
+    return step.run_event(Event.AFTER_LOAD, state)[0]
 
 
 def step_fields(state: TrainState, metrics: StepMetrics) -> dict[str, Any]:

@@ -19,6 +19,7 @@ the walk-through is ``docs/concepts/step.md``.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any, cast
@@ -27,7 +28,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import PerSample, batch_size
-from sbfunc.engine import Algorithm, Event, State, Time, Trace, TrainState
+from sbfunc.engine import Algorithm, Context, Event, Time, Trace, TrainState
 from sbfunc.engine.ordering import Pass
 from sbfunc.engine.plan import Planner
 from sbfunc.engine.run import Carry, advance_time, apply_planned, run_event, step_key
@@ -40,7 +41,7 @@ from sbfunc.step.compile import CompilableStep
 from sbfunc.step.guard import NonFinite, NonFiniteGuard
 from sbfunc.step.microbatch import Microbatching, accumulate
 from sbfunc.step.objective import INSIDE_EVENTS, Fire, Objective
-from sbfunc.step.records import BATCH_EVENTS, Out, StepMetrics, StepPlan
+from sbfunc.step.records import BATCH_EVENTS, CoreOutputs, StepMetrics, StepPlan
 from sbfunc.step.replicas import ONE_PROCESS, Replicas, no_rows_here
 from sbfunc.validation import check_int
 
@@ -63,7 +64,7 @@ class TrainStep(CompilableStep):
         >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce)
         >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
         >>> state = step.init(*sbfunc.split_module(loss_fn.module), key=sbfunc.random.key(0))
-        >>> step.fire(sbfunc.Event.EPOCH_END, state) == (state, ())  # no algorithm matches
+        >>> step.run_event(sbfunc.Event.EPOCH_END, state) == (state, ())  # no algorithm matches
         True
 
     References:
@@ -142,12 +143,21 @@ class TrainStep(CompilableStep):
             # two tensors, never one object twice (a compiled step would guard on the alias)
             time=Time(updates_skipped=zero, total_steps=total_steps, rows_nonfinite=zero.clone()),
         )
-        return self.fire(Event.INIT, state)[0]
+        return self.run_event(Event.INIT, state)[0]
 
-    def fire(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
+    def run_event(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
         """Run one event outside the step (``INIT``, ``EPOCH_END``, ...) with this step's
         algorithms and order (see :func:`sbfunc.engine.run_event`)."""
         return run_event(event, state, self.algorithms, self.passes, planner=self.all_events)
+
+    def fire(self, event: Event, state: TrainState) -> tuple[TrainState, tuple[Trace, ...]]:
+        """Deprecated name of :meth:`run_event` (0.3); removed in 1.1."""
+        warnings.warn(
+            "TrainStep.fire was renamed to TrainStep.run_event; the alias will be removed in 1.1",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.run_event(event, state)
 
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """Decide every per-batch event on the host (``match`` from ``state.time``; events
@@ -179,7 +189,7 @@ class TrainStep(CompilableStep):
         need_time = self.keyed_model or bool(events)
         return StepPlan(events, time.as_tensors(device) if need_time else None)
 
-    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, Out]:
+    def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, CoreOutputs]:
         """The tensor work of one step under ``plan``: the carry (the new persistent values)
         and the outputs. Compiles with ``fullgraph=True`` for fixed-size selections."""
         fire = self._firing(plan, state.key)
@@ -212,7 +222,7 @@ class TrainStep(CompilableStep):
         carry = advance_time(carry._replace(context=context))
         carry = fire(Event.BATCH_END, fire(Event.AFTER_TRAIN_BATCH, carry))
         bad = self.guard.rows_left_out(used, skipped)
-        return carry, Out(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), bad)
+        return carry, CoreOutputs(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), bad)
 
     def _firing(self, plan: StepPlan, root: torch.Tensor) -> Fire:
         """``fire(event, carry)``: apply the algorithms ``plan`` has for ``event``."""
@@ -230,7 +240,7 @@ class TrainStep(CompilableStep):
         """The carry before the first event: no key until an algorithm is focused, no time
         when nothing reads it; every key of the step derives from the step-start time."""
         time = plan.time
-        context = State(
+        context = Context(
             cast(torch.Tensor, None),
             state.params,
             state.buffers,
@@ -260,19 +270,23 @@ class TrainStep(CompilableStep):
 
     def _no_update(
         self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor
-    ) -> tuple[Carry, Out]:
+    ) -> tuple[Carry, CoreOutputs]:
         """No row left on any process: no update; the time advances, only ``BATCH_END``
         fires, and the step counts as skipped with a NaN loss."""
         carry = fire(Event.BATCH_END, advance_time(carry))
         nan = torch.full((), torch.nan, device=skipped.device)
         done = torch.ones((), dtype=torch.bool, device=skipped.device)
-        return carry, Out(nan, n_in, 0, done, skipped + 1, self.guard.rows_left_out(None, skipped))
+        return carry, CoreOutputs(
+            nan, n_in, 0, done, skipped + 1, self.guard.rows_left_out(None, skipped)
+        )
 
     def _model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
         return self.replicas.model_key(sbrandom.fold_in(base, _MODEL_STREAM))
 
-    def finish(self, state: TrainState, carry: Carry, out: Out) -> tuple[TrainState, StepMetrics]:
+    def finish(
+        self, state: TrainState, carry: Carry, out: CoreOutputs
+    ) -> tuple[TrainState, StepMetrics]:
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
         context = carry.context

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sbfunc import random as sbrandom
 from sbfunc.engine.algorithm import FLAGS, Algorithm
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State, Time, TrainState
+from sbfunc.engine.state import Context, Time, TrainState
 from sbfunc.testing.toy import Toy
 from sbfunc.validation import check_int
 
@@ -200,8 +200,8 @@ def _time(draw: st.DrawFn) -> Time:
 
 
 @st.composite
-def states(draw: st.DrawFn, with_batch: bool = True, features: int | None = None) -> State:
-    """A :class:`~sbfunc.State` (what ``apply`` sees) whose params and batch fit together.
+def states(draw: st.DrawFn, with_batch: bool = True, features: int | None = None) -> Context:
+    """A :class:`~sbfunc.Context` (what ``apply`` sees) whose params and batch fit together.
 
     The params are a linear classifier (``weight [3, d]``, ``bias [3]``) and the batch a
     :func:`pytree_batches` batch with ``d`` features, so :func:`linear_loss` (or an algorithm
@@ -233,7 +233,7 @@ def states(draw: st.DrawFn, with_batch: bool = True, features: int | None = None
         "weight": sbrandom.normal(sbrandom.fold_in(key, 1), (CLASSES, d)),
         "bias": torch.zeros(CLASSES),
     }
-    return State(
+    return Context(
         key,
         params=params,
         buffers={},

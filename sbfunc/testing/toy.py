@@ -7,7 +7,7 @@ from typing import Any
 
 from sbfunc.engine.algorithm import Algorithm, ApplyResult
 from sbfunc.engine.events import Event
-from sbfunc.engine.state import State
+from sbfunc.engine.state import Context
 from sbfunc.engine.trace import Trace, trace_labels
 
 __all__ = ["Toy", "applied"]
@@ -57,7 +57,7 @@ class Toy(Algorithm):
         >>> from sbfunc.engine import Event
         >>> from sbfunc.testing import Toy
         >>> toy = Toy(tag=7, events=[Event.BATCH_END])
-        >>> state = sbfunc.State(sbfunc.random.key(0), own=toy.init(sbfunc.random.key(0)))
+        >>> state = sbfunc.Context(sbfunc.random.key(0), own=toy.init(sbfunc.random.key(0)))
         >>> toy.match(Event.INIT, state), toy.apply(Event.BATCH_END, state).own
         (False, (7,))
 
@@ -96,10 +96,10 @@ class Toy(Algorithm):
     def init(self, key: Any) -> tuple[Any, ...]:
         return ()
 
-    def match(self, event: Event, state: State) -> bool:
+    def match(self, event: Event, state: Context) -> bool:
         return self.events is None or event in self.events
 
-    def apply(self, event: Event, state: State) -> ApplyResult:
+    def apply(self, event: Event, state: Context) -> ApplyResult:
         state = state.replace(own=(*(state.own or ()), self.tag))
         return state if self.exit_code is None else (state, self.exit_code)
 

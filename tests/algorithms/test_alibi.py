@@ -152,7 +152,7 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
     assert scored == [(8, 4)]  # 4 rows of 8 became 8 rows of 4, then SB scored them
     assert metrics.samples_in_batch == 4 and metrics.samples_backpropagated == 4
     # match decides from the time alone; without sequences to cut, apply changes nothing
-    empty = sbfunc.State(sbfunc.random.key(0))
+    empty = sbfunc.Context(sbfunc.random.key(0))
     assert alibi.match(sbfunc.Event.AFTER_DATALOADER, empty)
     assert alibi.apply(sbfunc.Event.AFTER_DATALOADER, empty) is empty
 

@@ -127,7 +127,7 @@ def test_image_augmentation_base_reads_and_writes_the_input_field():
         def transform(self, images, *, key):
             return images / 2
 
-    state = sbfunc.State(sbrandom.key(0), batch={"img": torch.ones(2, 1, 3, 3), "y": 1})
+    state = sbfunc.Context(sbrandom.key(0), batch={"img": torch.ones(2, 1, 3, 3), "y": 1})
     out = Half().apply(sbfunc.Event.AFTER_DATALOADER, state)
     assert float(out.batch["img"].max()) == 0.5 and out.batch["y"] == 1
     assert Half().match(sbfunc.Event.AFTER_DATALOADER, state)

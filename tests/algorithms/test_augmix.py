@@ -75,7 +75,7 @@ def test_augmix_errors(kwargs, exc, msg):
 def test_augmix_algorithm_augments_the_input_from_the_state_key():
     am = AugMix(severity=5, depth=2, width=2, input="image")
     batch = {"image": _images(1), "label": torch.arange(4)}
-    state = sbfunc.State(sbrandom.key(7), batch=batch)
+    state = sbfunc.Context(sbrandom.key(7), batch=batch)
     out = am.apply(sbfunc.Event.AFTER_DATALOADER, state)
     expected = augmix_image(batch["image"], key=state.key, severity=5, depth=2, width=2)
     assert torch.equal(out.batch["image"], expected) and out.batch["label"] is batch["label"]

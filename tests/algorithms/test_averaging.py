@@ -14,7 +14,7 @@ values = st.lists(st.floats(-10, 10), min_size=1, max_size=8)
 
 
 def _feed(alg, sequence, buffers=None):
-    state = sbfunc.State(
+    state = sbfunc.Context(
         sbfunc.random.key(0),
         params={"w": torch.zeros((), dtype=torch.float64)},
         buffers=buffers or {},
@@ -56,7 +56,7 @@ def test_ema_averages_floating_buffers_only():
 @given(st.floats(0.0, 1.0), st.integers(0, 20), st.integers(0, 5), st.integers(1, 4))
 def test_update_schedules_are_host_decisions(elapsed, step, epoch, every):
     time = sbfunc.Time(step=step, epoch=epoch, elapsed=elapsed)
-    state = sbfunc.State(sbfunc.random.key(0), time=time)
+    state = sbfunc.Context(sbfunc.random.key(0), time=time)
     ema = EMA(half_life="10ba", ema_start=0.5, update_interval=f"{every}ba")
     assert ema.match(E.BATCH_END, state) == (elapsed >= 0.5 and step % every == 0)
     assert not ema.match(E.EPOCH_END, state) and ema.match(E.INIT, state)
@@ -129,4 +129,4 @@ def test_errors():
     with pytest.raises(ValueError, match="not a top-level algorithm"):
         swa.averaged(sbfunc.TrainState({}, {}, sbfunc.random.key(0)), [])
     with pytest.raises(RuntimeError, match="INIT"):
-        swa.apply(E.BATCH_END, sbfunc.State(sbfunc.random.key(0)))
+        swa.apply(E.BATCH_END, sbfunc.Context(sbfunc.random.key(0)))

@@ -127,14 +127,14 @@ def test_blurpooled_model_trains_in_a_step():
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 @given(events())
 def test_blurpool_algorithm_matches_no_event(event):
-    assert BlurPool().match(event, sbfunc.State(sbrandom.key(0))) is False
+    assert BlurPool().match(event, sbfunc.Context(sbrandom.key(0))) is False
 
 
 def test_blurpool_algorithm_surgery_uses_its_settings():
     bp = BlurPool(replace_convs=False, blur_first=False, min_channels=0)
     out = bp.surgery(_net())
     assert type(out[3][0]) is nn.Conv2d and type(out[2]) is BlurMaxPool2d
-    state = sbfunc.State(sbrandom.key(0))
+    state = sbfunc.Context(sbrandom.key(0))
     assert bp.apply(sbfunc.Event.INIT, state) is state
 
 

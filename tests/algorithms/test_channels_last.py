@@ -68,6 +68,6 @@ def test_channels_last_on_init_keeps_the_training_the_same():
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 @given(events())
 def test_channels_last_matches_init_only(event):
-    assert ChannelsLast().match(event, sbfunc.State(sbrandom.key(0))) == (
+    assert ChannelsLast().match(event, sbfunc.Context(sbrandom.key(0))) == (
         event == sbfunc.Event.INIT
     )

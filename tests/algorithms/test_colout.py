@@ -83,12 +83,12 @@ def test_colout_errors(kwargs, exc, msg):
 def test_colout_algorithm_on_after_dataloader():
     x, y = _coded(4, 3, 10, 10), torch.randint(0, 3, (4, 10, 10))
     co = ColOut(p_row=0.3, p_col=0.2)
-    state = sbfunc.State(sbrandom.key(3), batch=(x, y))
+    state = sbfunc.Context(sbrandom.key(3), batch=(x, y))
     assert co.match(sbfunc.Event.AFTER_DATALOADER, state)
     assert not co.match(sbfunc.Event.BEFORE_FORWARD, state)
     out = co.apply(sbfunc.Event.AFTER_DATALOADER, state)
     ex, ey = colout_batch(x, y, key=state.key, p_row=0.3, p_col=0.2)
     assert torch.equal(out.batch[0], ex) and torch.equal(out.batch[1], ey)
     only_images = ColOut(resize_target=False, input="x")  # the target is not read
-    state = sbfunc.State(sbrandom.key(3), batch={"x": x})
+    state = sbfunc.Context(sbrandom.key(3), batch={"x": x})
     assert only_images.apply(sbfunc.Event.AFTER_DATALOADER, state).batch["x"].shape[-1] == 8

@@ -120,7 +120,7 @@ def test_label_smoothing_smooths_for_the_loss_and_restores_after():
 def test_label_smoothing_keeps_the_targets_in_scratch_and_refuses_unmatched_after_loss():
     ls = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=2)
     y = torch.tensor([1])
-    state = sbfunc.State(sbrandom.key(0), batch=(torch.zeros(1, 2), y), own=ls.init(None))
+    state = sbfunc.Context(sbrandom.key(0), batch=(torch.zeros(1, 2), y), own=ls.init(None))
     smoothed = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
     assert smoothed.scratch is y and smoothed.own is None and state.scratch is None
     restored = ls.apply(sbfunc.Event.AFTER_LOSS, smoothed)
@@ -138,7 +138,7 @@ def test_label_smoothing_keeps_the_targets_in_scratch_and_refuses_unmatched_afte
 )
 def test_augmentations_draw_from_the_state_key_only(alg, event):
     _, _, _, batch = _image_setup()
-    state = sbfunc.State(sbrandom.key(5), batch=batch)
+    state = sbfunc.Context(sbrandom.key(5), batch=batch)
     first, again = alg.apply(event, state), alg.apply(event, state)
     other = alg.apply(event, state.replace(key=sbrandom.key(6)))
     assert torch.equal(first.batch[0], again.batch[0])  # deterministic per key
@@ -196,7 +196,7 @@ def test_label_smoothing_per_pixel_targets_class_axis_second_in_a_step():
 
 def test_mixup_alpha_zero_leaves_the_inputs():
     _, _, _, batch = _image_setup()
-    state = sbfunc.State(sbrandom.key(0), batch=batch)
+    state = sbfunc.Context(sbrandom.key(0), batch=batch)
     out = sbfunc.algorithms.MixUp(alpha=0.0, num_classes=3).apply(
         sbfunc.Event.BEFORE_FORWARD, state
     )
@@ -206,7 +206,7 @@ def test_mixup_alpha_zero_leaves_the_inputs():
 
 def test_cutout_uniform_sampling_reaches_cutout_batch():
     _, _, _, batch = _image_setup()
-    state = sbfunc.State(sbrandom.key(4), batch=batch)
+    state = sbfunc.Context(sbrandom.key(4), batch=batch)
     out = sbfunc.algorithms.CutOut(length=0.5, uniform_sampling=True).apply(
         sbfunc.Event.AFTER_DATALOADER, state
     )

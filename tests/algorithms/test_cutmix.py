@@ -120,7 +120,7 @@ def test_cutmix_errors(args, kwargs, exc, msg):
 def test_cutmix_algorithm_draws_from_the_state_key_on_before_forward():
     cm = CutMix(alpha=1.0, num_classes=3, input="image", target="label")
     batch = {"image": torch.rand(6, 3, 8, 8), "label": torch.tensor([0, 1, 2, 0, 1, 2])}
-    state = sbfunc.State(sbrandom.key(2), batch=batch)
+    state = sbfunc.Context(sbrandom.key(2), batch=batch)
     out = cm.apply(sbfunc.Event.BEFORE_FORWARD, state)
     xm, ym, _, _ = cutmix_batch(batch["image"], batch["label"], key=state.key, num_classes=3)
     assert torch.equal(out.batch["image"], xm) and torch.equal(out.batch["label"], ym)

@@ -129,6 +129,6 @@ def test_image_algorithms_accept_the_empty_batch_a_refill_step_leaves():
             if isinstance(alg, CutMix)
             else sbfunc.Event.AFTER_DATALOADER
         )
-        state = sbfunc.State(sbrandom.key(0), batch=batch, time=sbfunc.Time(elapsed=0.0))
+        state = sbfunc.Context(sbrandom.key(0), batch=batch, time=sbfunc.Time(elapsed=0.0))
         out = alg.apply(event, state.replace(matched=alg.match(event, state)))
         assert out.batch[0].shape[0] == 0 and out.batch[1].shape[0] == 0

@@ -94,7 +94,7 @@ def test_zero_level_is_the_plain_step():
 def test_prefixes_do_not_catch_other_layers():
     freeze = LayerFreezing(0.0, 1.0, layers=["1", "10"])
     params = {k: torch.ones(1) for k in ("1.w", "10.w", "100.w")}
-    state = sbfunc.State(sbfunc.random.key(0), params, grads=dict(params), matched=1)
+    state = sbfunc.Context(sbfunc.random.key(0), params, grads=dict(params), matched=1)
     out = freeze.apply(E.AFTER_BACKWARD, state)
     assert [k for k, g in out.grads.items() if float(g) == 0] == ["1.w"]
     assert out.scratch == {"1.w": params["1.w"]}

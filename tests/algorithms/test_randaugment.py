@@ -69,7 +69,7 @@ def test_randaugment_errors(kwargs, exc, msg):
 def test_randaugment_algorithm_augments_the_input_from_the_state_key():
     ra = RandAugment(severity=9, depth=2)
     batch = (_images(2), torch.arange(4))
-    state = sbfunc.State(sbrandom.key(5), batch=batch)
+    state = sbfunc.Context(sbrandom.key(5), batch=batch)
     out = ra.apply(sbfunc.Event.AFTER_DATALOADER, state)
     assert torch.equal(out.batch[0], randaugment_image(batch[0], key=state.key))
     other = ra.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(key=sbrandom.key(6)))

@@ -108,7 +108,7 @@ def test_schedule_grows_to_full_size_through_finitely_many_pinned_sizes(
 def test_match_returns_the_pinned_scale_or_false():
     pr = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
     batch = (torch.rand(2, 3, 32, 32), torch.tensor([0, 1]))
-    early = sbfunc.State(sbrandom.key(0), batch=batch, time=sbfunc.Time(elapsed=0.1))
+    early = sbfunc.Context(sbrandom.key(0), batch=batch, time=sbfunc.Time(elapsed=0.1))
     mid = early.replace(time=sbfunc.Time(elapsed=0.65))
     late = early.replace(time=sbfunc.Time(elapsed=0.85))
     assert pr.match(sbfunc.Event.AFTER_DATALOADER, early) == 0.5
@@ -125,7 +125,7 @@ def test_match_returns_the_pinned_scale_or_false():
 def test_progressive_resizing_crops_targets_with_the_images():
     pr = ProgressiveResizing(mode="crop", initial_scale=0.5, resize_targets=True)
     x, y = _coded(2, 16, 16), (_coded(2, 16, 16)[:, 0]).long()
-    state = sbfunc.State(sbrandom.key(1), batch=(x, y), time=sbfunc.Time(elapsed=0.0))
+    state = sbfunc.Context(sbrandom.key(1), batch=(x, y), time=sbfunc.Time(elapsed=0.0))
     out = pr.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(matched=0.5))
     assert out.batch[0].shape == (2, 2, 8, 8) and torch.equal(
         out.batch[0][:, 0].long(), out.batch[1]

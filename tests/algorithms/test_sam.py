@@ -147,6 +147,6 @@ def test_errors():
         SAM(interval=0, loss_fn=f)
     with pytest.raises(TypeError, match="loss_fn"):
         SAM(loss_fn=None)
-    state = sbfunc.State(sbfunc.random.key(0))
+    state = sbfunc.Context(sbfunc.random.key(0))
     with pytest.raises(RuntimeError, match="without gradients"):
         SAM(loss_fn=f).apply(E.AFTER_BACKWARD, state)

@@ -21,7 +21,7 @@ def _model_state(alg=None, elapsed=0.5, batch_in_epoch=1):
     model = nn.Linear(4, 3)
     params, buffers = sbfunc.split_module(model, clone=True)
     key = sbrandom.key(0)
-    state = sbfunc.State(
+    state = sbfunc.Context(
         key,
         params,
         buffers,
@@ -89,7 +89,7 @@ def test_composers_positional_signature_and_fewer_arguments():
 def test_match_decides_from_the_time_alone():
     # The reproduction: no batch in the state, a scale factor, a tuple-batch input.
     sb = sbfunc.SelectiveBackprop(scale_factor=0.5)
-    state = sbfunc.State(sbrandom.key(0), time=sbfunc.Time(elapsed=0.5))
+    state = sbfunc.Context(sbrandom.key(0), time=sbfunc.Time(elapsed=0.5))
     assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) is True
     assert sb.match(sbfunc.Event.AFTER_DATALOADER, state.replace(time=sbfunc.Time())) is False
 
@@ -106,25 +106,25 @@ def test_bind_gives_the_step_loss_in_eval_mode_and_the_step_spec():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 3))
     train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
-    bound = sb.bind(loss_fn=train, per_sample={"w": False})
+    bound = sb.for_step(loss_fn=train, per_sample={"w": False})
     assert sb.loss_fn is None and sb.per_sample is None  # the original is unchanged
     assert bound.loss_fn.train is False and bound.loss_fn.module is model
     assert bound.per_sample == {"w": False}
     in_train = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(train=True))
-    assert in_train.bind(loss_fn=train, per_sample=None).loss_fn.train is True
+    assert in_train.for_step(loss_fn=train, per_sample=None).loss_fn.train is True
     own = sbfunc.per_sample_loss(model, F.cross_entropy)
     mine = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn=own))
-    assert mine.bind(loss_fn=train, per_sample=None) is mine  # nothing to change
-    assert mine.bind(loss_fn=train, per_sample=None).loss_fn.train is False
+    assert mine.for_step(loss_fn=train, per_sample=None) is mine  # nothing to change
+    assert mine.for_step(loss_fn=train, per_sample=None).loss_fn.train is False
     with pytest.raises(TypeError, match="per_sample_loss"):
-        sb.bind(loss_fn=model, per_sample=None)
+        sb.for_step(loss_fn=model, per_sample=None)
 
 
 def test_bind_refuses_a_spec_of_its_own_that_is_not_the_steps():
     sb = sbfunc.SelectiveBackprop(per_sample={"w": False})
-    assert sb.bind(loss_fn=None, per_sample={"w": False}).per_sample == {"w": False}
+    assert sb.for_step(loss_fn=None, per_sample={"w": False}).per_sample == {"w": False}
     with pytest.raises(ValueError, match="prunes with per_sample"):
-        sb.bind(loss_fn=None, per_sample=None)
+        sb.for_step(loss_fn=None, per_sample=None)
 
 
 @common
@@ -147,7 +147,7 @@ def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, keep, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=lambda p, b, x: scores)
     )
-    state = sbfunc.State(sbrandom.key(seed), batch=batch, own=sb.init(sbrandom.key(seed)))
+    state = sbfunc.Context(sbrandom.key(seed), batch=batch, own=sb.init(sbrandom.key(seed)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, state)
     policy = sbfunc.policies.rank_power(keep)  # the default policy, drawn from its own key
     idx = policy.select(scores, policy.init(), key=state.key)[0].indices

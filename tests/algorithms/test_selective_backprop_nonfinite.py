@@ -93,7 +93,7 @@ def test_refill_counts_the_unscorable_rows_it_never_queues():
         0.0, 1.0, interrupt=0, policy=sbfunc.policies.top_k(0.75), refill=example,
         scoring=sbfunc.score.Scoring(loss_fn=score),
     )  # fmt: skip
-    view = sbfunc.State(sbrandom.key(0), PARAMS, BUFFERS, own=sb.init(sbrandom.key(0)))
+    view = sbfunc.Context(sbrandom.key(0), PARAMS, BUFFERS, own=sb.init(sbrandom.key(0)))
     out = sb.apply(sbfunc.Event.AFTER_DATALOADER, view.replace(batch=example))
     _, queue = out.own
     assert queue.rows[2].tolist() == [1, 2, 4, 5, 7]  # 6 kept: the forced NaN row dropped

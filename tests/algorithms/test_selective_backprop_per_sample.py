@@ -206,10 +206,12 @@ def test_the_step_and_the_algorithm_must_agree_on_the_spec():
     opt = sbfunc.optim.sgd(0.1)
     with pytest.raises(ValueError, match=r"per_sample=\{'class_weight': False\}, but the step"):
         sbfunc.make_train_step(lambda p, b, x: x, opt, [sb])
-    step = sbfunc.make_train_step(lambda p, b, x: x, opt, [sbfunc.chain(sb)], per_sample=SPEC)
+    step = sbfunc.make_train_step(lambda p, b, x: x, opt, [sbfunc.sequence(sb)], per_sample=SPEC)
     assert step.per_sample == SPEC
-    plain = sbfunc.SelectiveBackprop()  # no spec of its own: it takes the step's (bind)
-    step = sbfunc.make_train_step(lambda p, b, x: x, opt, [sbfunc.chain(plain)], per_sample=SPEC)
+    plain = sbfunc.SelectiveBackprop()  # no spec of its own: it takes the step's (for_step)
+    step = sbfunc.make_train_step(
+        lambda p, b, x: x, opt, [sbfunc.sequence(plain)], per_sample=SPEC
+    )
     assert step.algorithms[0].parts[0].per_sample == SPEC and plain.per_sample is None
     with pytest.raises(TypeError, match="per_sample"):
         sbfunc.make_train_step(lambda p, b, x: x, opt, per_sample={"x": 1})

@@ -88,8 +88,8 @@ def test_reuse_is_on_by_default_only_when_training_and_scoring_losses_agree():
     assert sb(dropout, train=True).reuse_losses
     unbound = sbfunc.SelectiveBackprop(0.0, 1.0, policy=policy, ids=2)
     assert not unbound.reuse_losses  # decided when the step binds its loss
-    assert unbound.bind(loss_fn=plain, per_sample=None).reuse_losses
-    assert not unbound.bind(loss_fn=dropout, per_sample=None).reuse_losses
+    assert unbound.for_step(loss_fn=plain, per_sample=None).reuse_losses
+    assert not unbound.for_step(loss_fn=dropout, per_sample=None).reuse_losses
     assert not sbfunc.SelectiveBackprop(
         0.0, 1.0, policy=P.jiang_cdf(1.0), scoring=sbfunc.score.Scoring(loss_fn=plain)
     ).reuse_losses

@@ -87,7 +87,7 @@ def test_warmup_schedule(t1, t2, duration, low, extra, step):
 
 def test_algorithm_decides_on_the_host_and_truncates():
     warmup = SeqLengthWarmup(duration=0.5, min_seq_length=4, max_seq_length=16, step_size=4)
-    state = sbfunc.State(sbfunc.random.key(0), batch=_batch(3, 16))
+    state = sbfunc.Context(sbfunc.random.key(0), batch=_batch(3, 16))
     decisions = [
         warmup.match(E.AFTER_DATALOADER, state.replace(time=sbfunc.Time(elapsed=t)))
         for t in (0.0, 0.2, 0.4, 0.5, 0.9)
@@ -98,7 +98,7 @@ def test_algorithm_decides_on_the_host_and_truncates():
     assert not warmup.match(E.BEFORE_FORWARD, state)
     out = warmup.apply(E.AFTER_DATALOADER, state.replace(matched=8)).batch
     assert out["input_ids"].shape == (3, 8)
-    long = sbfunc.State(sbfunc.random.key(0), batch=_batch(2, 20), time=sbfunc.Time(elapsed=1.0))
+    long = sbfunc.Context(sbfunc.random.key(0), batch=_batch(2, 20), time=sbfunc.Time(elapsed=1.0))
     assert warmup.match(E.AFTER_DATALOADER, long) == 16  # cut to max after the warm-up
 
 

@@ -114,7 +114,7 @@ def test_a_keyed_step_is_reproducible_and_warms_the_rate_up():
 def test_warmup_factor(elapsed, warmup):
     sd = StochasticDepth(_is_branch, drop_warmup=warmup)
     _, buffers = sbfunc.split_module(sd(_net(depth=2)))
-    state = sbfunc.State(sbrandom.key(0), buffers=buffers, time=sbfunc.Time(elapsed=elapsed))
+    state = sbfunc.Context(sbrandom.key(0), buffers=buffers, time=sbfunc.Time(elapsed=elapsed))
     assert sd.match(sbfunc.Event.BATCH_START, state)
     out = sd.apply(sbfunc.Event.BATCH_START, state).buffers
     scales = [v for k, v in out.items() if k.endswith("stochastic_depth_scale")]
@@ -134,6 +134,6 @@ def test_errors():
     with pytest.raises(ValueError, match="matches no module"):
         apply_stochastic_depth(_net(), ["nope"])
     sd = StochasticDepth(_is_branch, drop_warmup=0.5)
-    state = sbfunc.State(sbrandom.key(0), buffers={}, time=sbfunc.Time())
+    state = sbfunc.Context(sbrandom.key(0), buffers={}, time=sbfunc.Time())
     with pytest.raises(RuntimeError, match="apply the surgery first"):
         sd.apply(sbfunc.Event.BATCH_START, state)

@@ -153,7 +153,7 @@ def test_per_rank_draws_from_the_key_folded_with_the_rank():
     cutout = sbdist.per_rank(sbfunc.algorithms.CutOut(length=0.5))
     assert cutout.name == "CutOut" and cutout.parts[0].name == "CutOut"
     key = sbfunc.random.key(5)
-    state = sbfunc.State(key, batch=(torch.ones(4, 1, 8, 8),))
+    state = sbfunc.Context(key, batch=(torch.ones(4, 1, 8, 8),))
     got = cutout.apply(sbfunc.Event.AFTER_DATALOADER, state)
     want = sbfunc.algorithms.CutOut(length=0.5).apply(
         sbfunc.Event.AFTER_DATALOADER, state.replace(key=sbdist.rank_key(key, 0))

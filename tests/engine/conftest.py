@@ -6,7 +6,7 @@ import sbfunc
 @pytest.fixture
 def view0():
     """The event view an algorithm sees, with nothing in it but a key."""
-    return sbfunc.State(sbfunc.random.key(0))
+    return sbfunc.Context(sbfunc.random.key(0))
 
 
 @pytest.fixture

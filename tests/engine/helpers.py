@@ -8,11 +8,11 @@ from typing import Any
 import optree
 import torch
 
-from sbfunc.engine import Algorithm, Event, State, TrainState
+from sbfunc.engine import Algorithm, Context, Event, TrainState
 from sbfunc.testing import Toy
 
 
-def for_algorithms(state: State | TrainState, algorithms: Sequence[Algorithm]) -> TrainState:
+def for_algorithms(state: Context | TrainState, algorithms: Sequence[Algorithm]) -> TrainState:
     """A :class:`TrainState` with ``state``'s persistent fields and every algorithm's ``init``
     state (what ``step.init`` stores, without firing ``INIT``)."""
     key = state.key
@@ -26,7 +26,9 @@ def for_algorithms(state: State | TrainState, algorithms: Sequence[Algorithm]) -
     )
 
 
-def apply_if_matched(alg: Algorithm, event: Event, state: State) -> tuple[State | None, object]:
+def apply_if_matched(
+    alg: Algorithm, event: Event, state: Context
+) -> tuple[Context | None, object]:
     """What the engine does for one algorithm: ``match``, then ``apply`` with the decision.
 
     Returns ``(new_state, exit_code)``, or ``(None, None)`` when it did not match.
@@ -36,7 +38,9 @@ def apply_if_matched(alg: Algorithm, event: Event, state: State) -> tuple[State 
         return None, None
     out = alg.apply(event, state.replace(matched=decision))
     return (
-        (out[0], out[1]) if isinstance(out, tuple) and not isinstance(out, State) else (out, None)
+        (out[0], out[1])
+        if isinstance(out, tuple) and not isinstance(out, Context)
+        else (out, None)
     )
 
 
@@ -48,7 +52,7 @@ def logged_tags(own: Any) -> list[Any]:
 class KeyLog(Toy):
     """A Toy that logs the key it was given (to test random streams)."""
 
-    def apply(self, event: Event, state: State) -> State:
+    def apply(self, event: Event, state: Context) -> Context:
         return state.replace(own=(*state.own, state.key.clone()))
 
 

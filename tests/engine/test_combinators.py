@@ -1,4 +1,4 @@
-"""Combinator laws: chain identity and associativity, state mirroring, gates, flags, streams."""
+"""Combinator laws: sequence identity and associativity, state mirroring, gates, flags, streams."""
 
 import pytest
 import torch
@@ -9,12 +9,12 @@ import sbfunc
 from sbfunc.engine import (
     Event,
     Time,
-    chain,
     during,
     every_n_steps,
-    named_chain,
+    named_sequence,
     on_events,
     run_event,
+    sequence,
     when,
 )
 from sbfunc.engine.algorithm import FLAGS
@@ -33,7 +33,7 @@ def effect(alg, event, state):
 @PROPS
 @given(events(), states(with_batch=False))
 def test_empty_chain_never_matches_and_has_no_state(event, state):
-    empty = chain()
+    empty = sequence()
     assert not empty.match(event, state.replace(own=empty.init(state.key)))
     assert empty.init(state.key) == () and empty.parts == ()
     assert all(getattr(empty, f) is False for f in FLAGS)
@@ -47,9 +47,9 @@ def test_chain_is_associative_in_effect(algs, event, state, data):
     i = data.draw(st.integers(0, len(algs)))
     j = data.draw(st.integers(i, len(algs)))
     a, b, c = algs[:i], algs[i:j], algs[j:]
-    left = chain(chain(*a), chain(*b), chain(*c))
-    flat = chain(*algs)
-    right = chain(*a, chain(*b, *c))
+    left = sequence(sequence(*a), sequence(*b), sequence(*c))
+    flat = sequence(*algs)
+    right = sequence(*a, sequence(*b, *c))
     assert effect(left, event, state) == effect(flat, event, state) == effect(right, event, state)
     for f in FLAGS:
         assert getattr(flat, f) == any(getattr(x, f) for x in algs)
@@ -59,7 +59,7 @@ def test_chain_is_associative_in_effect(algs, event, state, data):
 @given(algorithm_lists(max_size=5), events(), states(with_batch=False))
 def test_chain_state_mirrors_its_parts_and_parts_are_not_copied(algs, event, state):
     before = [a.name for a in algs]
-    combined = chain(*algs)
+    combined = sequence(*algs)
     assert list(map(id, combined.parts)) == list(map(id, algs))
     assert combined.init(state.key) == tuple(a.init(state.key) for a in algs)
     out, _ = apply_if_matched(combined, event, state.replace(own=combined.init(state.key)))
@@ -69,13 +69,13 @@ def test_chain_state_mirrors_its_parts_and_parts_are_not_copied(algs, event, sta
 
 
 def test_chain_reports_the_last_exit_code(view0):
-    combined = chain(Toy(tag=0, exit_code=1), Toy(tag=1), Toy(tag=2, exit_code=2))
+    combined = sequence(Toy(tag=0, exit_code=1), Toy(tag=1), Toy(tag=2, exit_code=2))
     out, code = apply_if_matched(combined, Event.INIT, view0.replace(own=combined.init(view0.key)))
     assert code == 2 and out.own == ((0,), (1,), (2,))
 
 
 def test_chain_passes_each_part_its_decision_and_skips_unmatched_parts(view0):
-    combined = chain(Toy(tag=0, events=[Event.INIT]), Toy(tag=1, events=[Event.FIT_END]))
+    combined = sequence(Toy(tag=0, events=[Event.INIT]), Toy(tag=1, events=[Event.FIT_END]))
     state = view0.replace(own=combined.init(view0.key))
     assert combined.match(Event.INIT, state) == (True, False)
     assert combined.match(Event.EPOCH_END, state) is False
@@ -84,19 +84,19 @@ def test_chain_passes_each_part_its_decision_and_skips_unmatched_parts(view0):
 
 
 def test_named_chain_state_is_a_dict_by_name(view0):
-    combined = named_chain(("x", Toy(tag=0)), y=Toy(tag=1, name="keep"))
+    combined = named_sequence(("x", Toy(tag=0)), y=Toy(tag=1, name="keep"))
     assert [p.name for p in combined.parts] == ["Toy", "keep"]  # parts keep their own names
     assert combined.init(view0.key) == {"x": (), "y": ()}
     out, _ = apply_if_matched(combined, Event.INIT, view0.replace(own=combined.init(view0.key)))
     assert out.own == {"x": (0,), "y": (1,)}
     with pytest.raises(ValueError, match="unique"):
-        named_chain(("x", Toy()), x=Toy())
+        named_sequence(("x", Toy()), x=Toy())
     with pytest.raises(TypeError, match="pairs"):
-        named_chain(Toy())  # type: ignore[arg-type]
+        named_sequence(Toy())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Algorithm"):
-        chain(Toy(), object())  # type: ignore[arg-type]
+        sequence(Toy(), object())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="name"):
-        chain(Toy(), name="")
+        sequence(Toy(), name="")
 
 
 def _part_keys(combined, index, view):
@@ -107,14 +107,17 @@ def _part_keys(combined, index, view):
 
 def test_a_parts_key_does_not_depend_on_its_siblings(view0):
     probe = KeyLog(name="probe")
-    alone = _part_keys(chain(probe), 0, view0)
-    assert same_keys(_part_keys(chain(Toy(name="other"), probe), 1, view0), alone)
-    assert same_keys(_part_keys(chain(probe, KeyLog(name="B")), 0, view0), alone)
-    # two parts of the same name draw from different streams; the chain's key is not reused
-    twins = _part_keys(chain(probe, probe), 0, view0), _part_keys(chain(probe, probe), 1, view0)
+    alone = _part_keys(sequence(probe), 0, view0)
+    assert same_keys(_part_keys(sequence(Toy(name="other"), probe), 1, view0), alone)
+    assert same_keys(_part_keys(sequence(probe, KeyLog(name="B")), 0, view0), alone)
+    # two parts of the same name draw from different streams; the sequence's key is not reused
+    twins = (
+        _part_keys(sequence(probe, probe), 0, view0),
+        _part_keys(sequence(probe, probe), 1, view0),
+    )
     assert not same_keys(*twins) and not same_keys(alone, [view0.key])
-    named = _part_keys(named_chain(a=probe, b=probe), 0, view0)
-    assert same_keys(named, _part_keys(named_chain(z=Toy(), a=probe), 1, view0))
+    named = _part_keys(named_sequence(a=probe, b=probe), 0, view0)
+    assert same_keys(named, _part_keys(named_sequence(z=Toy(), a=probe), 1, view0))
 
 
 @PROPS
@@ -148,7 +151,7 @@ def test_during_law(alg, event, state, x, y):
 @PROPS
 @given(algorithms(), st.integers(1, 7), st.integers(0, 7), st.integers(0, 50))
 def test_every_n_steps_law(alg, n, offset, step):
-    state = sbfunc.State(sbfunc.random.key(0), time=Time(step=step))
+    state = sbfunc.Context(sbfunc.random.key(0), time=Time(step=step))
     gated = every_n_steps(alg, n, offset)
     active = step >= offset and (step - offset) % n == 0
     assert gated.match(Event.BATCH_END, state) == (active and alg.match(Event.BATCH_END, state))
@@ -184,22 +187,22 @@ def test_gates_validate_and_keep_names_in_chains():
         on_events(toy, ["init"])  # type: ignore[list-item]
     with pytest.raises(TypeError, match="Algorithm"):
         during(object(), 0, 1)  # type: ignore[arg-type]
-    combined = chain(during(toy, 0, 1), during(toy, 0, 1))
+    combined = sequence(during(toy, 0, 1), during(toy, 0, 1))
     assert [p.name for p in combined.parts] == ["Toy", "Toy"] and toy.name == "Toy"
     assert combined.init(sbfunc.random.key(0)) == ((), ())
     assert "during" in repr(combined)
 
 
 def test_flags_are_set_when_built_and_bind_builds_anew_without_changing_anything():
-    # An unbound Selective Backprop: bind returns a new one, so every combinator above it does.
+    # An unbound Selective Backprop: for_step returns a new one, so every combinator above it does.
     sb = sbfunc.algorithms.SelectiveBackprop(0.0, 1.0, interrupt=0)
     gated = on_events(during(sb, 0.25, 1.0), [Event.AFTER_DATALOADER, Event.INIT])
     assert gated.events == frozenset({Event.AFTER_DATALOADER})  # narrowed to the part's
     assert gated.uses_elapsed and gated.selects_samples
-    renamed = chain(gated, Toy(), name="pair").renamed("renamed")
+    renamed = sequence(gated, Toy(), name="pair").renamed("renamed")
     model = torch.nn.Linear(4, 3)
     loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
-    bound = renamed.bind(loss_fn=loss_fn, per_sample=None)
+    bound = renamed.for_step(loss_fn=loss_fn, per_sample=None)
     assert bound is not renamed and bound.name == "renamed"
     inner = bound.parts[0]
     assert (inner.events, inner.uses_elapsed, inner.name) == (
@@ -209,7 +212,9 @@ def test_flags_are_set_when_built_and_bind_builds_anew_without_changing_anything
     )
     assert inner.part.part.loss_fn is not None and sb.loss_fn is None  # sb itself unchanged
     assert gated.parts[0].parts[0] is sb
-    unbound_toys = chain(Toy(), on_events(Toy(), [Event.INIT]))
-    assert unbound_toys.bind(loss_fn=loss_fn, per_sample=None) is unbound_toys  # nothing to bind
+    unbound_toys = sequence(Toy(), on_events(Toy(), [Event.INIT]))
+    assert (
+        unbound_toys.for_step(loss_fn=loss_fn, per_sample=None) is unbound_toys
+    )  # nothing to bind
     with pytest.raises(AttributeError, match="frozen"):
         gated.events = None

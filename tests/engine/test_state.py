@@ -9,7 +9,7 @@ from hypothesis import given, settings
 
 import sbfunc
 from sbfunc import checkpoint
-from sbfunc.engine import Event, State, Time, TrainState, chain, named_chain
+from sbfunc.engine import Context, Event, Time, TrainState, named_sequence, sequence
 from sbfunc.testing import Toy, linear_loss, states, train_states
 from tests.helpers import assert_identical
 
@@ -36,7 +36,7 @@ def make_step(algorithms=()):
 def test_replace_is_functional_and_names_unknown_fields(view0, train0):
     new = view0.replace(loss=torch.tensor(2.0), time=Time(step=1))
     assert view0.loss is None and view0.time.step == 0 and new.time.step == 1
-    with pytest.raises(TypeError, match="State has no field 'lr'"):
+    with pytest.raises(TypeError, match="Context has no field 'lr'"):
         view0.replace(lr=0.1)
     assert train0.replace(time=Time(step=2)).time.step == 2 and train0.time.step == 0
     with pytest.raises(TypeError, match="TrainState has no field 'batch'"):
@@ -53,7 +53,7 @@ def test_the_train_state_holds_only_what_persists():
         "time",
     )
     per_batch = {"batch", "outputs", "loss", "losses", "grads", "sample_weights", "scratch"}
-    assert per_batch <= set(State._fields) and not per_batch & set(TrainState._fields)
+    assert per_batch <= set(Context._fields) and not per_batch & set(TrainState._fields)
 
 
 def test_time_as_tensors_mirrors_the_host_time():
@@ -82,8 +82,8 @@ def test_init_copies_inputs_and_mirrors_the_algorithm_list():
     algs = [
         Stateful(name="a"),
         Toy(name="stateless"),
-        chain(Stateful(name="b"), Stateful(name="b")),
-        named_chain(x=Stateful(), y=Toy()),
+        sequence(Stateful(name="b"), Stateful(name="b")),
+        named_sequence(x=Stateful(), y=Toy()),
         Stateful(name="a"),  # same name twice: allowed, its own entry
     ]
     step = make_step(algs)
@@ -134,7 +134,7 @@ def test_state_is_a_pytree(state):
     leaves, spec = optree.tree_flatten(state, none_is_leaf=True)
     assert_identical(optree.tree_unflatten(spec, leaves), state)
     copied = optree.tree_map(lambda x: x.clone() if torch.is_tensor(x) else x, state)
-    assert type(copied) is State and type(copied.time) is Time
+    assert type(copied) is Context and type(copied.time) is Time
     assert_identical(copied, state)
 
 
@@ -151,7 +151,7 @@ def test_train_state_round_trips_through_a_weights_only_checkpoint(state):
 
 
 def test_a_state_between_steps_loads_against_a_fresh_init_template():
-    algs = [Stateful(name="a"), chain(Stateful(), Toy(events=[Event.INIT]))]
+    algs = [Stateful(name="a"), sequence(Stateful(), Toy(events=[Event.INIT]))]
     step = make_step(algs)
     params = {"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}
     state = step.init(params, {}, key=sbfunc.random.key(4))

@@ -173,7 +173,7 @@ def test_outside_a_step_only_persistent_fields_are_kept():
     )
     state = step.init(*sbfunc.split_module(_model(), clone=True), key=sbrandom.key(0))
     with pytest.raises(ValueError, match="outside a training step only params"):
-        step.fire(E.EPOCH_END, state)
+        step.run_event(E.EPOCH_END, state)
 
 
 def test_evaluation_keeps_batch_and_outputs_and_refuses_the_loss():

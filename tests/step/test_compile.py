@@ -108,7 +108,7 @@ def test_a_fixed_small_number_of_graphs_over_the_run(compiled_run):
 def test_the_compiled_step_keeps_init_and_fire(compiled_run):
     step, state, _, _ = compiled_run
     compiled = torch.compile(step)
-    assert compiled.fire(sbfunc.Event.EPOCH_END, state)[0].time == state.time
+    assert compiled.run_event(sbfunc.Event.EPOCH_END, state)[0].time == state.time
     assert compiled.init(state.params, state.buffers, key=sbfunc.random.key(1)).time.step == 0
 
 

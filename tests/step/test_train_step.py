@@ -314,7 +314,7 @@ def test_states_are_checked():
     model, params, buffers = _setup()
     step = _make(model, [Recorder()])
     with pytest.raises(TypeError, match=r"state must be an sbfunc\.TrainState"):
-        step(sbfunc.State(sbrandom.key(0)), _data())
+        step(sbfunc.Context(sbrandom.key(0)), _data())
     wrong = _make(model).init(params, buffers, key=sbrandom.key(0), total_steps=64)
     with pytest.raises(ValueError, match="algorithm_state has 0 entries"):
         step(wrong, _data())

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc.engine import Algorithm, Event, State, TrainState, run_event
+from sbfunc.engine import Algorithm, Context, Event, TrainState, run_event
 from sbfunc.engine.algorithm import FLAGS
 from sbfunc.testing import (
     CLASSES,
@@ -32,7 +32,7 @@ def test_strategies_draw_valid_values(event, alg, algs, batch, state):
     assert all(isinstance(getattr(alg, f), bool) for f in FLAGS)
     assert [a.tag for a in algs] == list(range(len(algs)))
     assert sbfunc.batch.batch_size(batch) >= 1
-    assert isinstance(state, State) and sbfunc.random.is_key(state.key)
+    assert isinstance(state, Context) and sbfunc.random.is_key(state.key)
     assert 0.0 <= state.time.elapsed <= 1.0
     assert state.own == () and state.scratch is None and state.matched is True
 
