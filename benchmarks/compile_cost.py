@@ -61,7 +61,7 @@ def build(variant: str) -> tuple[Any, Any, tuple[torch.Tensor, torch.Tensor]]:
     """``(make_step, state, batch)``: a factory of fresh steps of ``variant`` (same model)."""
     torch.manual_seed(0)
     model, shape, rows = quickstart_cnn()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
 
     def make_step() -> Any:
         algorithms = []

@@ -78,7 +78,7 @@ def runners(build: Callable[[], tuple[nn.Module, tuple[int, ...], int]]) -> tupl
         F.cross_entropy(loop_model(x), y).backward()
         opt.step()
 
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR))
     compiled_step = torch.compile(step)
     params, buffers = sbfunc.split_module(model, clone=True)

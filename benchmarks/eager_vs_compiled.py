@@ -84,7 +84,7 @@ def build_step(model: nn.Module, total_steps: int, optimizer: str) -> Any:
     """The step under test: SB (selecting on every step) + the recorder, Adam or SGD with
     momentum, cosine LR. The only place that builds a step, so an API change touches only
     this function."""
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=KEEP, interrupt=0)  # the step's loss
     if optimizer == "adam":
         opt = sbfunc.optim.adam(sbfunc.optim.cosine_decay_schedule(3e-3, total_steps))

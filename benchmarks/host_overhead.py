@@ -90,7 +90,7 @@ def sbfunc_runner(model: nn.Module, variant: str, classes: int, mode: str) -> An
     ``"compile()+guards"`` (``step.compile(library_guards=True)``: what the guard filter
     saves) and ``"compile()/allow"`` (``nonfinite="allow"``: what the non-finite guard
     costs)."""
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     algorithms = sbfunc_algorithms(variant, model, classes)
     nonfinite = "allow" if mode == "compile()/allow" else "skip"
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms, nonfinite=nonfinite)

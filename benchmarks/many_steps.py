@@ -48,7 +48,7 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
     model = time_to_accuracy.make_model(96)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input=0, target=1, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input=0, target=1, mode="train")
     init = sbfunc.split_module(model, clone=True)
     n = 256
     batch = (torch.randn(n, 1, 40), torch.randint(0, 10, (n,)), torch.arange(n))

@@ -82,7 +82,7 @@ def main() -> None:
     d = tta.load_data(cfg)
     torch.manual_seed(0)
     model = tta.make_model(cfg.width)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     init = sbfunc.split_module(model, clone=True)
     methods = trainers(cfg, d, init, loss_fn)
     batches = list(sbfunc.datasets.batches(d.x, d.y, cfg.batch, key=sbrandom.key(9)))

@@ -58,10 +58,10 @@ def overlap(a: torch.Tensor, b: torch.Tensor) -> float:
 def agreement(data: sbfunc.datasets.Split, epochs: int) -> None:
     torch.manual_seed(0)
     model = make_model()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(3e-3))
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
-    score_fn = loss_fn.with_train(False)
+    score_fn = loss_fn.with_mode("eval")
     batch = (data.x_test[:1024], data.y_test[:1024])
     key = sbfunc.random.key(1)
     print("part 1: bfloat16 vs float32 scores on 1024 held-out rows")
@@ -103,8 +103,8 @@ def agreement(data: sbfunc.datasets.Split, epochs: int) -> None:
 def timing(data: sbfunc.datasets.Split, repeats: int, inner: int) -> None:
     torch.manual_seed(0)
     model = make_model()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
-    score_fn = loss_fn.with_train(False)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
+    score_fn = loss_fn.with_mode("eval")
     step = torch.compile(sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(3e-3)))
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     full_batch = (data.x_train[:256], data.y_train[:256])

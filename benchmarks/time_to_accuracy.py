@@ -258,7 +258,7 @@ def irreducible_losses(
     state = trainer.step.init(*init, key=sbrandom.key(seed))
     state, curve = train(trainer, state, d.x_hold, y_hold, cfg=cfg, epochs=cfg.il_epochs,
                          key=sbrandom.key(10_000 + seed))  # fmt: skip
-    eval_fn = loss_fn.with_train(False)
+    eval_fn = loss_fn.with_mode("eval")
     scored = sbfunc.score.score_losses(eval_fn, state.params, state.buffers, (d.x, y_train))
     acc = float(accuracy(eval_fn, state.params, state.buffers, d))
     return scored, {"wall_s": curve[-1][0], "test_acc": acc}
@@ -295,7 +295,7 @@ def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]
           f"test (generated in {time.perf_counter() - t0:.1f}s)")  # fmt: skip
     torch.manual_seed(0)
     model = make_model(cfg.width)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     grad_norm_fn = sbfunc.per_sample_loss(model, P.logit_grad_norm)
     init0 = sbfunc.split_module(model, clone=True)
     b = cfg.batch
@@ -315,7 +315,7 @@ def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]
         "il": [],
     }
     runs: list[Run] = []
-    eval_fn = loss_fn.with_train(False)
+    eval_fn = loss_fn.with_mode("eval")
     bar = tqdm(total=len(cfg.seeds) * len(cfg.noises) * len(names), desc="runs", unit="run")
     for si, seed in enumerate(cfg.seeds):
         torch.manual_seed(seed)  # nn.Module init reads the global RNG: same init for all methods

@@ -47,7 +47,7 @@ def train(mode, data, args, comm, meter):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     model = model.to(data.x_train.device)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     algorithms = []
     if kind is not None:
         scope = sbdist.local_selection if kind == "local" else sbdist.global_selection

@@ -53,7 +53,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = make_model()
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
 
     # The target transforms form one algorithm with `sequence` (one entry in the state, one
     # name); the engine flattens it, so it runs exactly like its parts listed in its place.

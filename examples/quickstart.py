@@ -58,7 +58,7 @@ class Run:
         torch.manual_seed(0)  # the same initial weights for both runs
         self.model = make_model()
         params, buffers = sbfunc.split_module(self.model, clone=True)
-        loss_fn = sbfunc.per_sample_loss(self.model, F.cross_entropy, train=True)
+        loss_fn = sbfunc.per_sample_loss(self.model, F.cross_entropy, mode="train")
         algorithms = []
         if selective:  # active from 10% of training on
             sb = sbfunc.SelectiveBackprop(start=0.1, end=1.0, keep=0.5, interrupt=0)

@@ -9,23 +9,35 @@ type with :func:`torch.func.functional_call`, and splits a module into detached 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from sbfunc._namespace import api_dir
+from sbfunc._deprecated_train import (
+    NOT_GIVEN,
+    LegacyTrain,
+    NotGiven,
+    mode_of_train,
+    renamed_train,
+    train_of_mode,
+)
+from sbfunc._namespace import api_dir, deprecated_aliases
 from sbfunc.batch import Field, extract
 from sbfunc.module_checks import check_loss_fn, check_target, target_kind
 from sbfunc.module_io import (
     Inputs,
+    Mode,
     Output,
     check_inputs,
+    check_mode,
     check_output,
     draws_randomness,
     mode_dependent,
+    mode_flag,
     module_mode,
     read_inputs,
     select_output,
@@ -35,10 +47,10 @@ from sbfunc.types import LossFn, Params
 __all__ = [
     "Inputs",
     "LossFn",
+    "Mode",
     "ModuleLoss",
     "Output",
     "Params",
-    "Train",
     "check_loss_fn",
     "draws_randomness",
     "mode_dependent",
@@ -46,10 +58,6 @@ __all__ = [
     "reduce_per_sample",
     "split_module",
 ]
-
-Train = bool | None | Literal["auto"]
-"""The module mode of a :class:`ModuleLoss`: ``True`` (train), ``False`` (eval), ``None`` (the
-module's own mode at call time) or ``"auto"`` (eval when called, train in the training step)."""
 
 
 def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Params]:
@@ -151,7 +159,8 @@ def per_sample_loss(
     input: Inputs = 0,
     target: Field = 1,
     output: Output = None,
-    train: Train = "auto",
+    mode: Mode = "auto",
+    train: LegacyTrain | NotGiven = NOT_GIVEN,
 ) -> ModuleLoss:
     """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
 
@@ -172,15 +181,15 @@ def per_sample_loss(
     lists its fields.
 
     **Train or eval mode.** Dropout and BatchNorm make the loss depend on the module's mode.
-    ``train="auto"`` (the default) is one function for both uses: called directly (scoring,
+    ``mode="auto"`` (the default) is one function for both uses: called directly (scoring,
     per-sample quantities, evaluation) it runs the module in eval mode, exactly as
-    ``train=False`` does, so scores are deterministic, independent of the other samples in the
+    ``mode="eval"`` does, so scores are deterministic, independent of the other samples in the
     batch, and never write BatchNorm running statistics (Composer scores in train mode, so its
     dropout adds noise to the ranking and a downsampled scoring pass pollutes the running
-    statistics); the training step trains it in train mode (``with_train(True)``).
-    ``train=True``/``False`` fix the mode everywhere; ``train=None`` uses the module's mode at
-    call time. The mode is set for the duration of the call and every submodule's own mode is
-    restored afterwards.
+    statistics); the training step trains it in train mode (``with_mode("train")``).
+    ``mode="train"``/``"eval"`` fix the mode everywhere; ``mode="module"`` uses the module's
+    own mode at call time. The mode is set for the duration of the call and every submodule's
+    own mode is restored afterwards.
 
     **Checked early.** The criterion's target is checked on every call from its dtype and
     shape only (no host sync): a float target of shape ``[N]`` for cross-entropy or NLL raises
@@ -203,19 +212,23 @@ def per_sample_loss(
         target: where the target sits: an int, a str or a callable, as a single ``input``.
         output: how to read the logits from the module's result (:data:`Output`): ``None``,
             an attribute name or mapping key, an int index, or a callable.
-        train: the module mode during the call (:data:`Train`, see above).
+        mode: the module's mode during the call (:data:`Mode`, see above).
+        train: deprecated alias of ``mode`` (0.3): ``True``, ``False``, ``None``, ``"auto"``
+            are ``mode="train"``, ``"eval"``, ``"module"``, ``"auto"``; removed in 1.1.
 
     Returns:
         A :class:`ModuleLoss`: a :class:`LossFn` that also exposes ``forward`` and
-        ``criterion`` separately and ``with_train(mode)``.
+        ``criterion`` separately and ``with_mode(mode)``.
 
     Raises:
         TypeError: if ``module`` is not an ``nn.Module``, ``criterion`` is not callable, or
-            ``input``/``output``/``train`` have another form. Calls raise ``KeyError`` or
-            ``IndexError`` for a field missing from the batch (naming the available ones),
-            ``TypeError``/``KeyError`` for an output that is not tensors or lacks ``output``,
-            and ``TypeError`` for a target of the wrong dtype (see above).
-        ValueError: if an ``nn.Module`` criterion reduces the batch, or ``input`` is empty.
+            ``input``/``output``/``mode`` have another form, or ``train=`` comes with
+            ``mode=``. Calls raise ``KeyError`` or ``IndexError`` for a field missing from the
+            batch (naming the available ones), ``TypeError``/``KeyError`` for an output that is
+            not tensors or lacks ``output``, and ``TypeError`` for a target of the wrong dtype
+            (see above).
+        ValueError: if an ``nn.Module`` criterion reduces the batch, ``input`` is empty or
+            ``mode`` is another str.
 
     Example:
         >>> model = torch.nn.Linear(3, 2)
@@ -246,7 +259,9 @@ def per_sample_loss(
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
         Hugging Face Transformers ``ModelOutput`` (``outputs.logits``).
     """
-    return ModuleLoss(module, criterion, input=input, target=target, output=output, train=train)
+    if train is not NOT_GIVEN:
+        mode = renamed_train("per_sample_loss", mode, train)
+    return ModuleLoss(module, criterion, input=input, target=target, output=output, mode=mode)
 
 
 def _has_tied_tensors(module: nn.Module) -> bool:
@@ -286,35 +301,39 @@ class ModuleLoss:
         input: Inputs = 0,
         target: Field = 1,
         output: Output = None,
-        train: Train = "auto",
+        mode: Mode = "auto",
+        train: LegacyTrain | NotGiven = NOT_GIVEN,
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
-        if not (train is None or isinstance(train, bool) or train == "auto"):
-            raise TypeError(f"train must be True, False, None or 'auto', got {train!r}")
+        if train is not NOT_GIVEN:
+            mode = renamed_train("ModuleLoss", mode, train)
         self.module = module
         self.raw_criterion = criterion
         self._criterion = _per_element_criterion(criterion)
         self._target_kind = target_kind(criterion)
         self.input, self.target = check_inputs(input), target
-        self.output, self.train = check_output(output), train
+        self.output, self.mode = check_output(output), check_mode(mode)
         # functional_call unties shared tensors on every call unless told there are none.
         self._tied = _has_tied_tensors(module)
 
-    def with_train(self, train: Train) -> ModuleLoss:
-        """The same loss with another train/eval mode (e.g. eval-mode scoring of a train loss;
-        the training step calls ``with_train(True)`` on a ``train="auto"`` loss).
+    def with_mode(self, mode: Mode) -> ModuleLoss:
+        """The same loss in another mode (e.g. eval-mode scoring of a train loss; the training
+        step calls ``with_mode("train")`` on a ``mode="auto"`` loss).
 
         Args:
-            train: the new mode (:data:`Train`).
+            mode: the new mode (:data:`Mode`).
 
         Returns:
             A new :class:`ModuleLoss`; this one is unchanged.
 
+        Raises:
+            TypeError, ValueError: if ``mode`` is not a :data:`Mode`.
+
         Example:
             >>> mse = torch.nn.functional.mse_loss
-            >>> sbfunc.per_sample_loss(torch.nn.Linear(2, 2), mse).with_train(True).train
-            True
+            >>> sbfunc.per_sample_loss(torch.nn.Linear(2, 2), mse).with_mode("train").mode
+            'train'
         """
         return ModuleLoss(
             self.module,
@@ -322,15 +341,34 @@ class ModuleLoss:
             input=self.input,
             target=self.target,
             output=self.output,
-            train=train,
+            mode=mode,
         )
+
+    @property
+    def train(self) -> LegacyTrain:
+        """Deprecated (0.3): :attr:`mode` as 0.3's ``True``/``False``/``None``/``"auto"``."""
+        warnings.warn(
+            "ModuleLoss.train was renamed to ModuleLoss.mode; the alias will be removed in 1.1",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return train_of_mode(self.mode)
+
+    def with_train(self, train: LegacyTrain) -> ModuleLoss:
+        """Deprecated (0.3): :meth:`with_mode` with 0.3's ``train`` value."""
+        warnings.warn(
+            "ModuleLoss.with_train was renamed to ModuleLoss.with_mode; the alias will be "
+            "removed in 1.1",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.with_mode(mode_of_train(train))
 
     def forward(self, params: Params, buffers: Params, batch: Any) -> Any:
         """The logits (the module's result read by ``output``) on the batch's inputs, in this
         loss's train/eval mode."""
         args, kwargs = read_inputs(batch, self.input)
-        mode = False if self.train == "auto" else self.train
-        with module_mode(self.module, mode) as module:
+        with module_mode(self.module, mode_flag(self.mode)) as module:
             outputs = functional_call(
                 module, (params, buffers), args, kwargs, tie_weights=self._tied
             )
@@ -351,8 +389,9 @@ class ModuleLoss:
         out = "" if self.output is None else f", output={self.output!r}"
         return (
             f"ModuleLoss({type(self.module).__name__}, input={self.input!r}, "
-            f"target={self.target!r}{out}, train={self.train!r})"
+            f"target={self.target!r}{out}, mode={self.mode!r})"
         )
 
 
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports
+__getattr__ = deprecated_aliases("sbfunc.module", {"Train": "sbfunc.module:Mode"})

@@ -2,7 +2,7 @@
 ``(params, buffers, batch)`` in eval mode, never writing the buffers.
 
 ``torch.func.functional_call(model, (params, buffers), (x,))`` runs the model in whatever mode
-it was left in. After a training step (``train=True``) that is train mode, so a model with
+it was left in. After a training step (``mode="train"``) that is train mode, so a model with
 BatchNorm normalises with batch statistics and writes the running statistics, and
 ``num_batches_tracked``, into the ``buffers`` it was given: a state that was meant to be
 immutable changes. :func:`predict` and :func:`eval_outputs` run in eval mode (dropout off,
@@ -100,7 +100,7 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
     """The logits and per-sample losses of ``loss_fn`` on ``batch`` in eval mode, a pure
     function: nothing it is given is written.
 
-    Whatever ``loss_fn.train`` says (``True`` for a training loss included), the module runs
+    Whatever ``loss_fn.mode`` says (``"train"`` for a training loss included), the module runs
     in eval mode on copies of the buffers, as in :func:`predict`; the batch is read with the
     loss's own ``input``, ``target`` and ``output``. Use it for evaluation (an ``eval_fn`` for
     :func:`sbfunc.fit`) and wherever eval-mode losses and logits are both needed.
@@ -122,12 +122,13 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Dropout(0.5))
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+        >>> loss_fn = sbfunc.per_sample_loss(
+        ...     model, torch.nn.functional.cross_entropy, mode="train")
         >>> params, buffers = sbfunc.split_module(model, clone=True)
         >>> batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
         >>> out = sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)
         >>> accuracy = (out.outputs.argmax(1) == batch[1]).float().mean()
-        >>> out.losses.shape, bool(torch.equal(out.losses, loss_fn.with_train(False)(
+        >>> out.losses.shape, bool(torch.equal(out.losses, loss_fn.with_mode("eval")(
         ...     params, buffers, batch)))
         (torch.Size([4]), True)
 
@@ -140,8 +141,8 @@ def eval_outputs(loss_fn: ModuleLoss, params: Params, buffers: Params, batch: An
             f"got {type(loss_fn).__name__}; for a bare module use sbfunc.predict"
         )
     check_state(loss_fn, params, buffers)
-    if loss_fn.train not in (False, "auto"):
-        loss_fn = loss_fn.with_train(False)
+    if loss_fn.mode not in ("eval", "auto"):
+        loss_fn = loss_fn.with_mode("eval")
     outputs = loss_fn.forward(params, _copies(buffers), batch)
     return EvalOutputs(outputs, loss_fn.criterion(outputs, batch))
 

@@ -3,14 +3,15 @@
 :func:`sbfunc.per_sample_loss` calls a module with the batch fields named by an :data:`Inputs`
 (one positional argument, several keyword or positional ones) and reads the logits from its
 result with an :data:`Output` (an attribute, key, index or callable), so Hugging Face-style
-models (``forward(input_ids, attention_mask)`` returning a ``ModelOutput``) work unchanged.
+models (``forward(input_ids, attention_mask)`` returning a ``ModelOutput``) work unchanged,
+in the train or eval mode named by a :data:`Mode`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, NoReturn, Union
+from typing import Any, Literal, NoReturn, Union, cast
 
 import optree
 import torch
@@ -21,6 +22,7 @@ from sbfunc.batch import Field, extract
 
 __all__ = [
     "Inputs",
+    "Mode",
     "Output",
     "draws_randomness",
     "mode_dependent",
@@ -38,6 +40,41 @@ Output = Union[None, str, int, Callable[[Any], Any]]  # noqa: UP007
 """How the logits are read from the module's output: ``None`` (the output itself), an attribute
 name or mapping key (``"logits"`` of a Hugging Face ``ModelOutput``), an index (``0`` of a
 ``(logits, hidden)`` tuple) or a callable ``output -> logits``."""
+
+Mode = Literal["auto", "train", "eval", "module"]
+"""The module's mode while a per-sample loss runs it: ``"train"``, ``"eval"``, ``"module"``
+(the module's own mode at call time, left as it is) or ``"auto"`` (eval when the loss is
+called directly, train inside the training step)."""
+
+_MODES = ("auto", "train", "eval", "module")
+
+
+def check_mode(mode: object) -> Mode:
+    """``mode`` if it is a :data:`Mode`.
+
+    Raises:
+        TypeError: if ``mode`` is not a str (0.3's ``train=True``/``False``/``None`` are
+            ``mode="train"``/``"eval"``/``"module"``).
+        ValueError: if it is another str.
+
+    Example:
+        >>> sbfunc.module_io.check_mode("Eval")
+        Traceback (most recent call last):
+        ...
+        ValueError: mode must be 'auto', 'train', 'eval' or 'module', got 'Eval'
+    """
+    if isinstance(mode, str) and mode in _MODES:
+        return cast(Mode, mode)
+    message = f"mode must be 'auto', 'train', 'eval' or 'module', got {mode!r}"
+    if isinstance(mode, str):
+        raise ValueError(message)
+    raise TypeError(message + " (train=True/False/None are mode='train'/'eval'/'module')")
+
+
+def mode_flag(mode: Mode) -> bool | None:
+    """The ``nn.Module.train`` flag of a direct call in ``mode`` (``"auto"`` is eval), or
+    ``None`` to leave the module's mode as it is (:func:`module_mode`)."""
+    return {"train": True, "module": None}.get(mode, False)
 
 
 def check_inputs(input: Inputs) -> Inputs:

@@ -140,7 +140,7 @@ def test_every_algorithm_of_the_suite_is_unchanged_by_steps_and_frozen(name):
     surgery_before = snapshot(case.surgery)
     model = case.surgery(ImageNet() if case.kind == "image" else TokenNet())
     assert_same(surgery_before, snapshot(case.surgery), "surgery")
-    loss_fn = _loss(model, case.kind, True)
+    loss_fn = _loss(model, case.kind, "train")
     algorithms = [*case.algorithms(model, loss_fn), _sb(model, case.kind)]
     optimizer = optim.sgd(0.1) if case.optimizer is None else case.optimizer
     params, buffers = sbfunc.split_module(model, clone=True)
@@ -181,7 +181,7 @@ COMBINED: dict[str, Callable[[], list[sbfunc.Algorithm]]] = {
 def test_every_combinator_is_unchanged_by_steps_and_frozen(name):
     torch.manual_seed(0)
     model = ImageNet()
-    loss_fn = _loss(model, "image", True)
+    loss_fn = _loss(model, "image", "train")
     algorithms = COMBINED[name]()
     params, buffers = sbfunc.split_module(model, clone=True)
     batches = _data("image")[:STEPS]

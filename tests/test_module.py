@@ -28,7 +28,7 @@ def test_eval_mode_scores_are_deterministic_and_leave_buffers_alone():
     model = _model().train()
     params, buffers = sbfunc.split_module(model, clone=True)
     before = {k: v.clone() for k, v in buffers.items()}
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)  # train='auto': eval when called
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)  # mode='auto': eval when called
     batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
     a, b = loss_fn(params, buffers, batch), loss_fn(params, buffers, batch)
     assert torch.equal(a, b) and a.shape == (16,)
@@ -39,7 +39,7 @@ def test_eval_mode_scores_are_deterministic_and_leave_buffers_alone():
 def test_train_mode_uses_dropout_and_restores_mode():
     model = _model().eval()
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
     torch.manual_seed(0)
     a = loss_fn(params, buffers, batch)
@@ -80,10 +80,20 @@ def test_reducing_criterion_rejected():
         sbfunc.per_sample_loss(nn.Linear(2, 2), "ce")
     with pytest.raises(TypeError, match=r"module must be an nn\.Module"):
         sbfunc.per_sample_loss(lambda x: x, F.cross_entropy)
-    with pytest.raises(TypeError, match="train must be True, False, None or 'auto'"):
-        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="yes")
-    with pytest.raises(TypeError, match="train must be"):
-        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="Auto")
+
+
+ALLOWED = r"mode must be 'auto', 'train', 'eval' or 'module'"
+
+
+@pytest.mark.parametrize(
+    ("mode", "exc"),
+    [("yes", ValueError), ("Auto", ValueError), (True, TypeError), (None, TypeError)],
+)
+def test_bad_mode_names_the_allowed_values(mode, exc):
+    with pytest.raises(exc, match=ALLOWED):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, mode=mode)
+    with pytest.raises(exc, match=ALLOWED):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy).with_mode(mode)
 
 
 def test_scalar_loss_rejected_at_call():
@@ -244,12 +254,12 @@ def test_input_and_output_forms_are_validated(kwargs, exc, msg):
         sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, **kwargs)
 
 
-def test_with_train_keeps_inputs_and_output():
+def test_with_mode_keeps_inputs_and_output():
     loss_fn = sbfunc.per_sample_loss(
         TwoInputs(), F.cross_entropy, input=("input_ids", "attention_mask"), output="logits"
     )
-    other = loss_fn.with_train(True)
-    assert (other.input, other.output, other.train) == (loss_fn.input, "logits", True)
+    other = loss_fn.with_mode("train")
+    assert (other.input, other.output, other.mode) == (loss_fn.input, "logits", "train")
     assert "output='logits'" in repr(other)
 
 
@@ -268,22 +278,87 @@ def test_auto_is_eval_mode_when_called_and_train_mode_on_request(start_mode):
     model = _model().train(start_mode)
     params, buffers = sbfunc.split_module(model, clone=True)
     auto = sbfunc.per_sample_loss(model, F.cross_entropy)
-    assert auto.train == "auto" and "train='auto'" in repr(auto)
+    assert auto.mode == "auto" and "mode='auto'" in repr(auto)
     batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
     before = {k: v.clone() for k, v in buffers.items()}
-    evaluated = sbfunc.per_sample_loss(model, F.cross_entropy, train=False)
+    evaluated = sbfunc.per_sample_loss(model, F.cross_entropy, mode="eval")
     assert torch.equal(auto(params, buffers, batch), evaluated(params, buffers, batch))
     assert torch.equal(
         auto.forward(params, buffers, batch), evaluated.forward(params, buffers, batch)
     )
     assert all(torch.equal(before[k], buffers[k]) for k in buffers)
     assert model.training is start_mode
-    trained = auto.with_train(True)
-    assert trained.train is True and auto.train == "auto"
+    trained = auto.with_mode("train")
+    assert trained.mode == "train" and auto.mode == "auto"
     torch.manual_seed(0)
     a = trained(params, buffers, batch)
     torch.manual_seed(0)
-    b = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)(params, buffers, batch)
+    b = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")(params, buffers, batch)
     assert torch.equal(a, b)
     assert int(buffers["1.num_batches_tracked"]) == 2  # train mode updates statistics
-    assert trained.with_train("auto").train == "auto"
+    assert trained.with_mode("auto").mode == "auto"
+
+
+def test_module_mode_keeps_the_modules_own_mode():
+    model = _model()
+    params, buffers = sbfunc.split_module(model, clone=True)
+    batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="module")
+    evaluated = sbfunc.per_sample_loss(model, F.cross_entropy, mode="eval")
+    model.eval()
+    assert torch.equal(loss_fn(params, buffers, batch), evaluated(params, buffers, batch))
+    model.train()
+    torch.manual_seed(0)
+    a = loss_fn(params, buffers, batch)
+    torch.manual_seed(0)
+    b = loss_fn.with_mode("train")(params, buffers, batch)
+    assert torch.equal(a, b) and model.training
+
+
+# --- the deprecated train= spelling (0.3), removed in 1.1 --------------------------------------
+
+OLD_AND_NEW = [(True, "train"), (False, "eval"), (None, "module"), ("auto", "auto")]
+
+
+@pytest.mark.parametrize(("train", "mode"), OLD_AND_NEW)
+@pytest.mark.parametrize("build", [sbfunc.per_sample_loss, sbfunc.module.ModuleLoss])
+def test_train_keyword_warns_and_equals_mode(build, train, mode):
+    model = _model().eval()
+    message = rf"{build.__name__}\(train={train!r}\) was renamed to mode={mode!r}; "
+    with pytest.warns(DeprecationWarning, match=message + "the alias will be removed in 1.1") as w:
+        old = build(model, F.cross_entropy, train=train)
+    assert w[0].filename == __file__  # points at the caller
+    new = sbfunc.per_sample_loss(model, F.cross_entropy, mode=mode)
+    assert old.mode == mode and repr(old) == repr(new)
+    params, buffers = sbfunc.split_module(model, clone=True)
+    batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+    torch.manual_seed(0)
+    a = old(params, buffers, batch)
+    torch.manual_seed(0)
+    assert torch.equal(a, new(params, buffers, batch))
+
+
+@pytest.mark.parametrize(("train", "mode"), OLD_AND_NEW)
+def test_train_attribute_and_with_train_warn_and_equal_mode(train, mode):
+    loss_fn = sbfunc.per_sample_loss(_model(), F.cross_entropy, mode=mode)
+    with pytest.warns(DeprecationWarning, match=r"ModuleLoss\.train was renamed to .*\.mode") as w:
+        assert loss_fn.train is train
+    assert w[0].filename == __file__
+    match = r"ModuleLoss\.with_train was renamed to ModuleLoss\.with_mode"
+    with pytest.warns(DeprecationWarning, match=match) as w:
+        other = sbfunc.per_sample_loss(_model(), F.cross_entropy).with_train(train)
+    assert w[0].filename == __file__ and other.mode == mode
+
+
+def test_train_keyword_with_mode_or_a_bad_value_raises():
+    with pytest.raises(TypeError, match=r"got both mode='eval' and its deprecated alias train="):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, mode="eval", train=False)
+    with pytest.raises(TypeError, match=r"ModuleLoss\(\) got both mode='train'"):
+        sbfunc.module.ModuleLoss(nn.Linear(2, 2), F.cross_entropy, mode="train", train=True)
+    with pytest.raises(TypeError, match="train must be True, False, None or 'auto', got 'yes'"):
+        sbfunc.per_sample_loss(nn.Linear(2, 2), F.cross_entropy, train="yes")
+
+
+def test_train_type_alias_warns():
+    with pytest.warns(DeprecationWarning, match=r"sbfunc\.module\.Train was renamed to .*\.Mode"):
+        assert sbfunc.module.Train is sbfunc.module.Mode

@@ -88,12 +88,12 @@ def test_predict_guards_buffers_of_layers_that_write_in_eval_mode():
     assert int(buffers["calls"]) == 0 and buffers["calls"]._version == 0
 
 
-@pytest.mark.parametrize("train", [True, False, None, "auto"])
-def test_eval_outputs_matches_eval_mode_for_every_loss_mode(train):
+@pytest.mark.parametrize("mode", ["train", "eval", "module", "auto"])
+def test_eval_outputs_matches_eval_mode_for_every_loss_mode(mode):
     model = _model()
     params, buffers = _trained_state(model)
     model.train()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=train)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode=mode)
     batch = (sbrandom.normal(sbrandom.key(1), (6, 4)), torch.tensor([0, 1, 2, 0, 1, 2]))
     before = copy.deepcopy((params, buffers, batch))
     out = sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)

@@ -86,7 +86,7 @@ def test_grad_of_the_mean_loss_matches_autograd(bert):
 
 
 def test_forward_returns_logits_for_vjp(bert):
-    loss_fn = _loss_fn(bert, train=True)
+    loss_fn = _loss_fn(bert, mode="train")
     params, buffers = sbfunc.split_module(bert)
     torch.manual_seed(0)
     logits, pullback = torch.func.vjp(lambda p: loss_fn.forward(p, buffers, _batch()), params)

@@ -171,17 +171,17 @@ def test_losses_evaluation_and_scoring_write_nothing(drawn):
     kind, batch = drawn
     model = net()
     params, buffers = state_dicts(model)
-    for train in ("auto", False):
-        loss_fn = loss_for(model, kind, train=train)
+    for mode in ("auto", "eval"):
+        loss_fn = loss_for(model, kind, mode=mode)
         check_pure(loss_fn, params, buffers, batch)
         logits = check_pure(loss_fn.forward, params, buffers, batch)
         check_pure(loss_fn.criterion, logits, batch)
     x = batch[0] if kind == "tuple" else batch["x"]
     check_pure(sbfunc.predict, model, params, buffers, x)
-    for train in (True, False, None, "auto"):  # eval mode whatever the loss's own mode
+    for mode in ("train", "eval", "module", "auto"):  # eval mode whatever the loss's own mode
         check_pure(
             sbfunc.module_eval.eval_outputs,
-            loss_for(model, kind, train=train),
+            loss_for(model, kind, mode=mode),
             params,
             buffers,
             batch,
@@ -239,7 +239,7 @@ def test_train_mode_loss_called_directly_writes_nothing():
     model = net()
     params, buffers = state_dicts(model)
     batch = (torch.randn(6, FEATURES), torch.zeros(6, dtype=torch.long))
-    check_pure(loss_for(model, "tuple", train=True), params, buffers, batch)
+    check_pure(loss_for(model, "tuple", mode="train"), params, buffers, batch)
 
 
 # --- selection, take, policies ----------------------------------------------------------------
@@ -310,7 +310,7 @@ def init_state(step: Any, model: nn.Module) -> Any:
 
 def sb_step(model: nn.Module, kind: str) -> Any:
     """Selective Backprop (selecting from the first step) chained with label smoothing."""
-    train = loss_for(model, kind, train=True)
+    train = loss_for(model, kind, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)  # scores with the step loss
     smoothing = sbfunc.algorithms.LabelSmoothing(
         0.1, num_classes=CLASSES, target=_fields(kind)["target"]
@@ -388,11 +388,11 @@ def test_every_algorithm_writes_nothing(name):
         algorithm_registry.ImageNet() if case.kind == "image" else algorithm_registry.TokenNet()
     )
     model = case.surgery(plain).train()
-    train = algorithm_registry._loss(model, case.kind, True)
+    train = algorithm_registry._loss(model, case.kind, "train")
     algorithms = [*case.algorithms(model, train), algorithm_registry._sb(model, case.kind)]
     step = make_step(train, algorithms, case.optimizer or sbfunc.optim.sgd(0.1))
     state = init_state(step, model)
     data = algorithm_registry._data(case.kind)[:2]
-    eval_fn = eval_fn_for(algorithm_registry._loss(model, case.kind, False))
+    eval_fn = eval_fn_for(algorithm_registry._loss(model, case.kind, "eval"))
     run = {"epochs": 1, "progress": False, "eval_data": data[:1], "eval_fn": eval_fn}
     check_pure(sbfunc.fit, step, state, data, **run)

@@ -59,7 +59,7 @@ def _build():
         input=("input_ids", "attention_mask"),
         target="labels",
         output="logits",
-        train=True,
+        mode="train",
     )
     sb = sbfunc.SelectiveBackprop(  # rank_power, half of every batch
         0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.score.Scoring(input="input_ids")

@@ -101,7 +101,7 @@ class SAM(Algorithm):
         >>> from sbfunc.algorithms.sam import SAM
         >>> model = torch.nn.Linear(2, 2)
         >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy,
-        ...                                  train=True)
+        ...                                  mode="train")
         >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1),
         ...                               [SAM(rho=0.05, loss_fn=loss_fn)])
         >>> state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))

@@ -223,7 +223,7 @@ class SelectiveBackprop(Algorithm):
         if reuse and self.ids is None:
             raise ValueError("reuse_losses needs the batch field `ids` (per-id losses)")
         if isinstance(loss_fn, ModuleLoss) and not train:
-            loss_fn = loss_fn.with_train(False)
+            loss_fn = loss_fn.with_mode("eval")
         # Train-mode scoring of a model with dropout draws from this algorithm's key.
         keyed = train and module is not None and draws_randomness(module)
         return _ScoringFields(reuse, loss_fn, keyed)
@@ -249,8 +249,8 @@ class SelectiveBackprop(Algorithm):
             >>> model = torch.nn.Linear(4, 3)
             >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
             >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
-            >>> sb.loss_fn is None, sb.for_step(loss_fn=loss_fn, per_sample=None).loss_fn.train
-            (True, False)
+            >>> sb.loss_fn is None, sb.for_step(loss_fn=loss_fn, per_sample=None).loss_fn.mode
+            (True, 'eval')
         """
         if self.per_sample is not None:
             check_same_spec(per_sample, [self])

@@ -204,7 +204,8 @@ def make_data_parallel_step(
     Example:
         >>> from sbfunc.distributed import make_data_parallel_step
         >>> model = torch.nn.Linear(4, 3)
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+        >>> loss_fn = sbfunc.per_sample_loss(
+        ...     model, torch.nn.functional.cross_entropy, mode="train")
         >>> step = make_data_parallel_step(loss_fn, sbfunc.optim.sgd(0.1))
         >>> state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
         >>> state, metrics = step(state, (torch.randn(8, 4), torch.randint(0, 3, (8,))))

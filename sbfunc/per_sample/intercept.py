@@ -28,7 +28,7 @@ BATCH_NORM_HELP = (
     "per-sample gradients need samples that do not interact, but batch normalization in "
     "train mode normalizes each sample with statistics of the whole batch (and updates its "
     "running statistics). Fix it with one of: build the loss with "
-    "sbfunc.per_sample_loss(..., train=False) (eval-mode BatchNorm uses its running "
+    "sbfunc.per_sample_loss(..., mode='eval') (eval-mode BatchNorm uses its running "
     "statistics); torch.func.replace_all_batch_norm_modules_(model) (no running statistics: "
     "each sample is then normalized by its own statistics, via vmap over the samples); or "
     "replace BatchNorm by GroupNorm/LayerNorm"

@@ -40,7 +40,7 @@ def score_losses(
     are reduced per sample by their mean.
 
     Whether dropout and BatchNorm run in train or eval mode is a property of ``loss_fn``: build
-    it with ``sbfunc.per_sample_loss(...)`` (its default ``train="auto"`` scores in eval mode)
+    it with ``sbfunc.per_sample_loss(...)`` (its default ``mode="auto"`` scores in eval mode)
     for deterministic scores
     that never touch running statistics.
 

@@ -20,7 +20,7 @@ class Scoring(NamedTuple):
             (higher = more useful to backpropagate; usually the loss). ``None`` (default): the
             training step's loss, which :func:`sbfunc.make_train_step` gives through
             ``SelectiveBackprop.for_step``. A :class:`sbfunc.module.ModuleLoss` is scored in eval
-            mode (``loss_fn.with_train(False)``: deterministic, no BatchNorm statistics
+            mode (``loss_fn.with_mode("eval")``: deterministic, no BatchNorm statistics
             updates) unless ``train=True``.
         train: score in the model's train mode (Composer's behaviour: dropout noise, BatchNorm
             statistics updated by the scoring pass).

@@ -67,7 +67,7 @@ def make_train_step(
     works too); it still has ``init`` and ``run_event`` and works with :func:`sbfunc.fit`.
 
     Args:
-        loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., train=True)``).
+        loss_fn: the per-sample training loss (``sbfunc.per_sample_loss(..., mode="train")``).
         optimizer: an :mod:`sbfunc.optim` optimizer, e.g. ``sbfunc.optim.adam(1e-3)``.
         algorithms: the algorithms to run (see :func:`sbfunc.sequence`).
         passes: the ordering passes (default :data:`sbfunc.passes.DEFAULT_PASSES`).
@@ -91,7 +91,8 @@ def make_train_step(
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+        >>> loss_fn = sbfunc.per_sample_loss(
+        ...     model, torch.nn.functional.cross_entropy, mode="train")
         >>> step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
         >>> params, buffers = sbfunc.split_module(model, clone=True)
         >>> state = step.init(params, buffers, key=sbfunc.random.key(0))
@@ -119,15 +120,15 @@ def make_train_step(
             f"got {type(optimizer).__name__}"
         )
     if isinstance(loss_fn, ModuleLoss):
-        if loss_fn.train is False:
+        if loss_fn.mode == "eval":
             raise ValueError(
-                "loss_fn evaluates the model in eval mode (per_sample_loss(..., train=False)), "
+                "loss_fn evaluates the model in eval mode (per_sample_loss(..., mode='eval')), "
                 "so the step would train without dropout and with BatchNorm frozen on its "
-                "running statistics; leave train at its default ('auto': the step trains in "
-                "train mode) or pass train=True"
+                "running statistics; leave mode at its default ('auto': the step trains in "
+                "train mode) or pass mode='train'"
             )
-        if loss_fn.train == "auto":
-            loss_fn = loss_fn.with_train(True)
+        if loss_fn.mode == "auto":
+            loss_fn = loss_fn.with_mode("train")
     algorithms = tuple(algorithms)
     for i, a in enumerate(algorithms):
         if not isinstance(a, Algorithm):

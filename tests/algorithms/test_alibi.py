@@ -142,7 +142,7 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
-    train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    train = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(
         train, sbfunc.optim.sgd(0.1), [sb, alibi], sbfunc.passes.DEFAULT_PASSES
     )
@@ -218,7 +218,7 @@ def test_gpt2_trains_in_a_step():
         return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
 
     loss_fn = sbfunc.per_sample_loss(
-        model, criterion, input="input_ids", target="labels", output="logits", train=True
+        model, criterion, input="input_ids", target="labels", output="logits", mode="train"
     )
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-2))
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))

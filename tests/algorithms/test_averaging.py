@@ -75,7 +75,7 @@ def test_half_life_sets_the_smoothing():
 def _fit(algorithms, epochs=2):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     g = torch.Generator().manual_seed(0)

@@ -115,7 +115,7 @@ def test_blurpool_preserves_the_function_where_it_replaces_nothing():
 def test_blurpooled_model_trains_in_a_step():
     model = nn.Sequential(apply_blurpool(_net(), min_channels=3), nn.LazyLinear(3))
     model(torch.rand(1, 3, 32, 32))  # materialise the lazy layer
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [BlurPool()])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     new, metrics = step(state, (torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0])))

@@ -45,7 +45,7 @@ def test_channels_last_tensors_keeps_values():
 
 def _train(algorithms):
     model = _net()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1, momentum=0.9), algorithms)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     batch = (torch.rand(4, 3, 4, 4), torch.tensor([0, 1, 2, 0]))

@@ -23,7 +23,7 @@ def test_a_step_with_the_algorithm_never_reads_the_device(name, microbatch_size)
     case = CASES[name]
     torch.manual_seed(0)
     model = case.surgery(ImageNet() if case.kind == "image" else TokenNet())
-    train = _loss(model, case.kind, True)
+    train = _loss(model, case.kind, "train")
     algorithms = [*case.algorithms(model, train), _sb(model, case.kind)]
     optimizer = sbfunc.optim.sgd(0.1) if case.optimizer is None else case.optimizer
     step = sbfunc.make_train_step(train, optimizer, algorithms, microbatch_size=microbatch_size)

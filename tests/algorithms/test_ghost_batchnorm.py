@@ -84,7 +84,7 @@ def test_trains_in_a_step_and_with_fewer_kept_rows_than_a_ghost_batch():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     model = apply_ghost_batchnorm(net, 4)
-    train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    train = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     score = sbfunc.per_sample_loss(model, F.cross_entropy)
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, 0.25, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)

@@ -81,7 +81,7 @@ class _Recorder:
     """A per-sample loss that records the input of every call."""
 
     def __init__(self, model):
-        self.inner = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+        self.inner = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
         self.seen = []
 
     def __call__(self, params, buffers, batch):

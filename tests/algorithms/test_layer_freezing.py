@@ -54,7 +54,7 @@ def test_layers_of_a_module():
 
 def _run(algorithms, elapsed, opt):
     model = _net()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, opt, algorithms)
     state = step.init(
         *sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0), total_steps=len(elapsed)

@@ -91,9 +91,9 @@ def _data(kind):
     return out
 
 
-def _loss(model, kind, train):
+def _loss(model, kind, mode):
     fields = {} if kind == "image" else {"input": "input_ids", "target": "labels"}
-    return sbfunc.per_sample_loss(model, F.cross_entropy, train=train, **fields)
+    return sbfunc.per_sample_loss(model, F.cross_entropy, mode=mode, **fields)
 
 
 def _sb(model, kind):
@@ -102,7 +102,7 @@ def _sb(model, kind):
         1.0,
         keep=0.5,
         interrupt=0,
-        scoring=sbfunc.score.Scoring(loss_fn=_loss(model, kind, False)),
+        scoring=sbfunc.score.Scoring(loss_fn=_loss(model, kind, "eval")),
     )
 
 
@@ -184,7 +184,7 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
     model = case.surgery(plain)
     if case.surgery is not _unchanged:  # the surgery replaced some layers
         assert {type(m) for m in model.modules()} != {type(m) for m in plain.modules()}
-    train = _loss(model, case.kind, True)
+    train = _loss(model, case.kind, "train")
     extra = case.algorithms(model, train)
     algorithms = [*extra, _sb(model, case.kind)]
     optimizer = sbfunc.optim.sgd(0.1) if case.optimizer is None else case.optimizer

@@ -56,7 +56,7 @@ def _model(dropout=False):
 
 def _run(algorithms_for, dropout=False, steps=2, key=0):
     model = _model(dropout)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms_for(model, loss_fn))
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(key))
     g = torch.Generator().manual_seed(0)

@@ -104,18 +104,18 @@ def test_unbound_without_a_loss_apply_names_both_ways():
 
 def test_bind_gives_the_step_loss_in_eval_mode_and_the_step_spec():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Linear(4, 3))
-    train = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    train = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
     bound = sb.for_step(loss_fn=train, per_sample={"w": False})
     assert sb.loss_fn is None and sb.per_sample is None  # the original is unchanged
-    assert bound.loss_fn.train is False and bound.loss_fn.module is model
+    assert bound.loss_fn.mode == "eval" and bound.loss_fn.module is model
     assert bound.per_sample == {"w": False}
     in_train = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(train=True))
-    assert in_train.for_step(loss_fn=train, per_sample=None).loss_fn.train is True
+    assert in_train.for_step(loss_fn=train, per_sample=None).loss_fn.mode == "train"
     own = sbfunc.per_sample_loss(model, F.cross_entropy)
     mine = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn=own))
     assert mine.for_step(loss_fn=train, per_sample=None) is mine  # nothing to change
-    assert mine.for_step(loss_fn=train, per_sample=None).loss_fn.train is False
+    assert mine.for_step(loss_fn=train, per_sample=None).loss_fn.mode == "eval"
     with pytest.raises(TypeError, match="per_sample_loss"):
         sb.for_step(loss_fn=model, per_sample=None)
 
@@ -246,13 +246,13 @@ def test_weights_from_policy_reach_the_step():
 
 def test_scores_in_eval_mode_unless_asked():
     model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.9), nn.Linear(4, 3))
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, 0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn)
     )
-    assert sb.loss_fn.train is False and loss_fn.train is True
+    assert sb.loss_fn.mode == "eval" and loss_fn.mode == "train"
     composer_like = sbfunc.SelectiveBackprop(scoring=sbfunc.score.Scoring(loss_fn, train=True))
-    assert composer_like.loss_fn.train is True
+    assert composer_like.loss_fn.mode == "train"
 
 
 def test_repr_names_the_configuration():

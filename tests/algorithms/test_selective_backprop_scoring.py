@@ -31,7 +31,7 @@ def _model(mode_layers=False):
 
 def _run(policy, steps, reuse=None, model=None):
     model = _model() if model is None else model
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(
         0.0,
         1.0,
@@ -76,8 +76,8 @@ def test_reused_training_losses_spare_scoring_forwards(policy):
 
 def test_reuse_is_on_by_default_only_when_training_and_scoring_losses_agree():
     policy = P.stale_sb(1.0, num_ids=IDS)
-    plain = sbfunc.per_sample_loss(_model(), F.cross_entropy, train=True)
-    dropout = sbfunc.per_sample_loss(_model(True), F.cross_entropy, train=True)
+    plain = sbfunc.per_sample_loss(_model(), F.cross_entropy, mode="train")
+    dropout = sbfunc.per_sample_loss(_model(True), F.cross_entropy, mode="train")
 
     def sb(loss_fn, **kw):
         scoring = sbfunc.score.Scoring(loss_fn=loss_fn, **kw)
@@ -139,7 +139,7 @@ def test_a_proxy_model_scores_for_a_bigger_one():
         return proxy_loss(proxy_params, {}, batch)
 
     model = _model()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(
         0.0, 1.0, keep=0.5, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score)
     )
@@ -151,7 +151,7 @@ def test_a_proxy_model_scores_for_a_bigger_one():
 
 def test_downsampled_scoring_that_cannot_fit_the_model_fails_clearly_at_the_first_step():
     model = _model()  # Flatten -> Linear(8, ...): needs the full input length
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, scale_factor=0.5)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb])
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))

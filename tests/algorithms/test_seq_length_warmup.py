@@ -145,7 +145,7 @@ def test_selective_backprop_scores_the_warmed_up_rows():
     )
     warmup = SeqLengthWarmup(duration=1.0, min_seq_length=4, max_seq_length=16, step_size=4)
     train = sbfunc.per_sample_loss(
-        model, F.cross_entropy, input="input_ids", target="label", train=True
+        model, F.cross_entropy, input="input_ids", target="label", mode="train"
     )
     batch = _batch(8, 16)
     batch["label"] = batch["label"] % 3

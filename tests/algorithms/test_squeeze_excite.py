@@ -68,7 +68,7 @@ def test_surgery_is_pure_and_applying_it_twice_adds_nothing():
 
 def test_trains_in_a_step():
     model = SqueezeExcite(latent_channels=0.5, min_channels=8)(_net())
-    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     new, metrics = step(state, (torch.randn(4, 3, 5, 5), torch.tensor([0, 1, 0, 1])))

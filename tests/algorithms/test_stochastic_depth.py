@@ -84,7 +84,7 @@ def test_eval_scales_the_branch_and_rates_follow_the_distribution():
 
 
 def _train(model, algorithms, steps=3, key=0):
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), algorithms, keyed_model=True)
     state = step.init(
         *sbfunc.split_module(model, clone=True), key=sbrandom.key(key), total_steps=steps

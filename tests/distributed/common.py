@@ -115,7 +115,7 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
     when ``comm`` is given, else the one-process reference (with the local selection
     emulated)."""
     net = model()
-    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, mode="train")
     policy = scenario.policy()
     if comm is None:
         policy = policy._replace(score_rows=None)  # a wrapped policy scores every row

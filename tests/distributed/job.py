@@ -51,7 +51,7 @@ def _resume_build(comm: sbdist.Comm):
     net = nn.Sequential(
         nn.Conv1d(1, 4, 3, padding=1), nn.BatchNorm1d(4), nn.ReLU(), nn.Flatten(), nn.Linear(24, 3)
     )
-    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, mode="train")
     x, y = common.data()
     x = x.unsqueeze(1)
     example = (x[: common.BATCH], y[: common.BATCH], torch.arange(common.BATCH))
@@ -111,7 +111,7 @@ def nonfinite(comm: sbdist.Comm) -> dict[str, Any]:
     """A NaN loss on rank 1 only: with ``nonfinite="skip"`` both ranks skip the update, with
     ``"raise"`` both raise."""
     net = common.model()
-    base = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    base = sbfunc.per_sample_loss(net, F.cross_entropy, mode="train")
 
     def loss_fn(params, buffers, batch):
         losses = base(params, buffers, batch)

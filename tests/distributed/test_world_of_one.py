@@ -61,7 +61,7 @@ def test_the_data_parallel_step_of_one_equals_the_plain_step(name):
 
 def test_a_step_with_no_row_anywhere_skips_the_update():
     net = common.model()
-    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(net, F.cross_entropy, mode="train")
     x, y = common.data()
     policy = sbdist.local_selection(sbfunc.policies.jiang_cdf(1.0))
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, refill=(x[:16], y[:16]))

@@ -24,7 +24,7 @@ def test_vmap_grads_match_the_loop_for_any_parameter():
 def test_torch_vmap_batch_norm_error_is_explained():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss_fn = sbfunc.per_sample_loss(model, F.mse_loss, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.mse_loss, mode="train")
     batch = (torch.randn(5, 3), torch.randn(5, 4))
     with pytest.raises(ValueError, match="replace_all_batch_norm_modules_") as info:
         vmap_grads(loss_fn, params, buffers, batch, ["0.weight"])

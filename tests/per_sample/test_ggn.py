@@ -306,7 +306,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match="vector must be a dict with the keys"):
         ggn_vector_product(ce)(params, buffers, batch, {"weight": params["weight"]})
     bn = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
-    train = sbfunc.per_sample_loss(bn, F.cross_entropy, train=True)
+    train = sbfunc.per_sample_loss(bn, F.cross_entropy, mode="train")
     with pytest.raises(ValueError, match="batch normalization in train mode"):
         sqrt_ggn_exact(train)(*sbfunc.split_module(bn), batch)
     with pytest.raises(ValueError, match="batch normalization in train mode"):

@@ -177,11 +177,11 @@ def test_loss_that_is_not_per_sample():
 def test_train_mode_batch_norm_is_refused_with_a_fix():
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss_fn = sbfunc.per_sample_loss(model, F.mse_loss, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.mse_loss, mode="train")
     batch = (torch.randn(5, 3), torch.randn(5, 4))
-    with pytest.raises(ValueError, match=r"train=False.*replace_all_batch_norm_modules_"):
+    with pytest.raises(ValueError, match=r"mode='eval'.*replace_all_batch_norm_modules_"):
         batch_grad(loss_fn)(params, buffers, batch)
-    eval_loss = sbfunc.per_sample_loss(model, F.mse_loss, train=False)
+    eval_loss = sbfunc.per_sample_loss(model, F.mse_loss, mode="eval")
     # eval mode with running statistics is per-sample
     assert batch_grad(eval_loss)(params, buffers, batch)["1.weight"].shape == (5, 4)
 
@@ -195,7 +195,7 @@ def test_batch_norm_without_running_stats_normalizes_each_sample_alone():
     ).double()
     torch.func.replace_all_batch_norm_modules_(model)
     params, buffers = sbfunc.split_module(model)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     batch = (torch.randn(5, 1, 4, 4, dtype=torch.float64), torch.tensor([0, 1, 1, 0, 1]))
     ref = loop_grads(loss_fn, params, buffers, batch)
     got = batch_grad(loss_fn)(params, buffers, batch, subsampling=[4, 1])

@@ -32,7 +32,7 @@ def build() -> tuple[sbfunc.step.TrainStep, sbfunc.TrainState, Any]:
         nn.Linear(32, 3),
     )
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     algorithms = [
         sbfunc.SelectiveBackprop(0.2, 0.9, interrupt=3, policy=sbfunc.policies.jiang_cdf(2.0)),
         sbfunc.algorithms.CutOut(length=0.25),

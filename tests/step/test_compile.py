@@ -38,7 +38,7 @@ def _batch(i: int):
 
 def _build(policy=None, refill=False, others=True):
     model = _model()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     if policy is None:
         sb = sbfunc.SelectiveBackprop(0.25, 0.75, keep=0.5, interrupt=2)
     else:

@@ -19,7 +19,7 @@ SETTINGS = settings(max_examples=12, derandomize=True, database=None, deadline=N
 torch.manual_seed(0)
 MODEL = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
 PARAMS, BUFFERS = sbfunc.split_module(MODEL, clone=True)
-TRAIN_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy, train=True)
+TRAIN_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy, mode="train")
 SCORE_LOSS = sbfunc.per_sample_loss(MODEL, F.cross_entropy)
 
 
@@ -92,7 +92,7 @@ def test_an_empty_batch_makes_no_update_and_is_counted_on_every_path(name):
 def test_an_empty_image_batch_through_cutout_makes_no_update():
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     params, buffers = sbfunc.split_module(model, clone=True)
-    loss = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(
         loss, sbfunc.optim.sgd(0.1), [sbfunc.algorithms.CutOut(length=0.5)]
     )

@@ -72,7 +72,7 @@ def _algorithms(model, kind):
 
 def _run(kind, bn=False, steps=3, **split):
     model, data = _setup(bn)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(
         loss_fn, sbfunc.optim.adam(1e-2), _algorithms(model, kind), **split
     )
@@ -125,7 +125,7 @@ class Sizes(sbfunc.Algorithm):
 
 def test_selection_comes_first_then_the_kept_rows_split():
     model, data = _setup()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Sizes()], microbatch_size=2)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
@@ -174,7 +174,7 @@ class Draw(sbfunc.Algorithm):
 
 def test_each_chunk_draws_its_own_keys_and_the_first_keeps_the_steps():
     model, data = _setup()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     draws = []
     for split in ({}, {"microbatches": 3}):
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [Draw()], **split)
@@ -197,7 +197,7 @@ def test_validation(args, exc, msg):
     with pytest.raises(exc, match=msg):
         microbatching(*args)
     model, _ = _setup()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     with pytest.raises(exc, match=msg):
         sbfunc.make_train_step(
             loss_fn, sbfunc.optim.sgd(0.1), microbatches=args[0], microbatch_size=args[1]
@@ -208,7 +208,7 @@ def test_the_core_compiles_with_fullgraph_after_selection():
     """The only compile check here: SB keeps 5 of 10 rows, chunks of 2, 2 and 1, one graph."""
     torch._dynamo.reset()
     model, data = _setup()
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb], microbatch_size=2)
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))

@@ -29,7 +29,7 @@ def _data(n=32, seed=0):
 
 
 def _make(model, algorithms=(), opt=None, **kwargs):
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     opt = sbfunc.optim.sgd(0.1) if opt is None else opt
     return sbfunc.make_train_step(loss_fn, opt, algorithms, **kwargs)
 
@@ -150,14 +150,14 @@ def test_sample_weights_weight_the_loss():
     step = _make(model, [Weigh()])
     batch = _data(16)
     _, m = step(_init(step, params, buffers), batch)
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     expected = (torch.arange(16.0) * loss_fn(params, buffers, batch)).mean()
     torch.testing.assert_close(m.loss, expected)
 
 
 def test_plain_loss_fn_fused_path_matches_staged():
     model, params, buffers = _setup()
-    staged = sbfunc.per_sample_loss(model, F.cross_entropy, train=True)
+    staged = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     fused = lambda p, b, batch: staged(p, b, batch)  # noqa: E731  (a plain LossFn)
 
     class Outputs(sbfunc.Algorithm):
