@@ -87,7 +87,7 @@ __all__ = [
 # The documented modules outside __all__, listed by dir() once imported (sbfunc.testing needs
 # hypothesis, sbfunc.distributed is imported on demand)
 _NAMESPACES = frozenset(
-    {"batch", "distributed", "module", "module_eval", "module_io", "rows", "testing"}
+    {"batch", "distributed", "module", "module_eval", "module_io", "rows", "testing", "types"}
 )
 
 # The top-level names of 0.3 that moved to their home module: old name -> "module:Name".

@@ -7,8 +7,8 @@ namedtuple) holding no tensor or array of rank >= 1 anywhere inside (the list of
 values). A list/tuple holding such a tensor is a pytree node (``(x, y)`` is two leaves), as are
 mappings (``dict``, ``UserDict``, ``BatchEncoding``...), namedtuples and optree nodes; anything
 else (0-d tensors, scalars, strings, ``None``) is batch-wide metadata. Per-sample leaves must
-agree on ``N``; a ``per_sample`` spec (:data:`PerSample`) says which leaves are rows where the
-default guesses wrong.
+agree on ``N``; a ``per_sample`` spec (:data:`sbfunc.types.PerSample`) says which leaves are
+rows where the default guesses wrong.
 """
 
 from __future__ import annotations
@@ -17,60 +17,16 @@ import contextlib
 import functools
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Union, cast
+from typing import Any, Final, cast
 
 import optree
 import torch
 
 from sbfunc._namespace import api_dir
+from sbfunc.types import ROWS, LeafFilter, PerSample, Rows
 
 __all__ = ["ROWS", "LeafFilter", "PerSample", "Rows", "check_per_sample", "path_str"]
 
-
-class Rows:
-    """The type of :data:`ROWS`, the spec marker for "index this value as a whole by sample"."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "ROWS"
-
-    def __reduce__(self) -> str:
-        return "ROWS"
-
-
-ROWS: Final = Rows()
-"""Spec marker: the value here has one entry per sample along its first axis and is indexed as
-a whole: a list/tuple of ``N`` items of any kind (per-image target dicts, ragged tensors), a
-tensor or an array. Use it where the default rule would see a node."""
-
-LeafFilter = Callable[[tuple[Any, ...], Any], bool]
-"""``(path, leaf) -> bool``: whether a leaf is per-sample; ``path`` is the tuple of keys from the
-batch root (mapping keys, sequence indices, namedtuple field names)."""
-
-PerSample = Union[  # noqa: UP007 (a recursive alias evaluated at runtime)
-    None,
-    bool,
-    Rows,
-    LeafFilter,
-    Mapping[Any, "PerSample"],
-    list["PerSample"],
-    tuple["PerSample", ...],
-]
-"""Which leaves of a batch are per-sample: a pytree prefix of the batch (Equinox's
-``filter_spec``) whose entries apply to the whole subtree below them.
-
-* ``None``: infer with the default rule (module docstring);
-* ``True``: every leaf below is per-sample (a leaf without a leading axis is an error);
-* ``False``: everything below is metadata and passes through untouched;
-* :data:`ROWS`: the value here is one per-sample sequence/array, indexed as a whole;
-* a callable ``(path, leaf) -> bool`` (:data:`LeafFilter`) decides for every leaf below;
-* a ``dict`` (keys: a subset of the batch mapping's keys or namedtuple field names; missing keys
-  are ``None``) or a ``list``/``tuple`` of the batch sequence's length, of the above.
-
-Example: ``{"class_weight": False}`` declares a ``[C]`` tensor that happens to have ``C == N``
-entries as metadata, ``{"targets": ROWS}`` a list of per-image dicts of tensors as per-sample.
-"""
 
 NAMESPACE: Final = "sbfunc.rows"
 """sbfunc's optree namespace: dicts keep insertion order, and the mapping and list/tuple types

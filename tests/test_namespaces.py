@@ -150,12 +150,16 @@ sys.modules["kornia"] = None  # kornia not installed
 import torch
 import sbfunc
 from sbfunc.algorithms import apply_blurpool, randaugment_image, resize_batch
+from sbfunc.algorithms import AugMix, BlurPool, ProgressiveResizing, RandAugment
 
 x = torch.rand(2, 3, 8, 8)
 calls = {
     "blurpool": lambda: apply_blurpool(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
     "randaugment": lambda: randaugment_image(x, key=sbfunc.random.key(0)),
     "resize": lambda: resize_batch(x, torch.zeros(2), 0.5),
+    # the algorithms refuse at construction, before any step
+    "BlurPool": BlurPool, "RandAugment": RandAugment, "AugMix": AugMix,
+    "ProgressiveResizing": ProgressiveResizing,
 }
 for name, call in calls.items():
     try:
@@ -168,6 +172,6 @@ for name, call in calls.items():
     done = _run(code)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 7
     for line in lines:
         assert "needs kornia: pip install 'sbfunc[image]'" in line, line

@@ -8,6 +8,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
+from sbfunc.algorithms._kornia import kornia
 from sbfunc.algorithms.augmentations import (
     ImageAugmentation,
     augment_once,
@@ -147,6 +148,7 @@ class AugMix(ImageAugmentation):
         *,
         input: int | str = 0,
     ) -> None:
+        kornia()  # the optional extra, checked at construction
         self.severity = check_severity(severity)
         self.depth = _check_depth(depth)
         self.width = check_int(width, "width", low=1)

@@ -179,6 +179,7 @@ def apply_blurpool(
         Zhang 2019, "Making Convolutional Networks Shift-Invariant Again"; MosaicML Composer
         ``apply_blurpool`` (which edits the model in place).
     """
+    kornia()  # the optional extra, checked before the model is edited
     if not isinstance(module, nn.Module):
         raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     rules = _Rules(
@@ -230,6 +231,7 @@ class BlurPool(Algorithm):
         blur_first: bool = True,
         min_channels: int = 16,
     ) -> None:
+        kornia()  # the optional extra, checked at construction
         self.replace_convs = check_bool(replace_convs, "replace_convs")
         self.replace_maxpools = check_bool(replace_maxpools, "replace_maxpools")
         self.blur_first = check_bool(blur_first, "blur_first")

@@ -8,6 +8,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.algorithms._checks import check_field
+from sbfunc.algorithms._kornia import kornia
 from sbfunc.algorithms.augmentations import (
     ImageAugmentation,
     augment_once,
@@ -106,6 +107,7 @@ class RandAugment(ImageAugmentation):
         *,
         input: int | str = 0,
     ) -> None:
+        kornia()  # the optional extra, checked at construction
         self.severity = check_severity(severity)
         self.depth = check_int(depth, "depth", low=0)
         self.augmentation_set = check_augmentation_set(augmentation_set)

@@ -184,6 +184,7 @@ class ProgressiveResizing(Algorithm):
         input: int | str = 0,
         target: int | str = 1,
     ) -> None:
+        kornia()  # the optional extra, checked at construction
         self.mode: Mode = check_choice(mode, "mode", _MODES)
         self.initial_scale = check_real(
             initial_scale, "initial_scale", low=0, high=1, open_low=True

@@ -49,11 +49,15 @@ class _PerRank(Algorithm):
     def __init__(self, part: Algorithm, rank: int) -> None:
         self.part, self.parts, self.rank = part, (part,), rank
         self.name = part.name
-        for flag in FLAGS:
-            setattr(self, flag, getattr(part, flag))
+        for field in (*FLAGS, "uses_key", "uses_elapsed", "events"):
+            setattr(self, field, getattr(part, field))
 
     def init(self, key: Any) -> Any:
         return self.part.init(key)  # the same state on every rank
+
+    def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
+        part = self.part.for_step(loss_fn=loss_fn, per_sample=per_sample)
+        return self if part is self.part else _PerRank(part, self.rank)
 
     def match(self, event: Event, state: Context) -> Any:
         return self.part.match(event, state)

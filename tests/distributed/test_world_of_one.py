@@ -206,3 +206,17 @@ def test_traffic_predictions_of_one_rank_are_zero():
     assert sbdist.rebalance_traffic([5], 40, rank=0) == sbdist.Traffic()
     with pytest.raises(ValueError, match="world must be an int >= 1, got 0"):
         sbdist.gather_traffic(8, 12, world=0)
+
+
+def test_per_rank_keeps_the_part_s_flags_and_takes_the_step_s_loss():
+    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=0.5)  # scores with the step's loss
+    wrapped = sbdist.per_rank(sb)
+    for field in ("selects_samples", "uses_key", "uses_elapsed", "events"):
+        assert getattr(wrapped, field) == getattr(sb, field), field
+    model = torch.nn.Linear(3, 2)
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [wrapped])
+    assert step.algorithms[0].part.loss_fn is not None and wrapped.part.loss_fn is None
+    state = step.init(*sbfunc.split_module(model), key=sbfunc.random.key(0), total_steps=2)
+    state, metrics = step(state, (torch.randn(8, 3), torch.randint(0, 2, (8,))))
+    assert int(metrics.samples_backpropagated) == 4  # scored with the step's loss, half kept
