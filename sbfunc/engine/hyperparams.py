@@ -46,6 +46,8 @@ class _Injected(Algorithm):
         self.name = name if name is not None else f"hyperparams:{first.name}"
         for flag in (*FLAGS, "uses_key"):
             setattr(self, flag, getattr(first, flag))
+        # a schedule reads time.elapsed: without the run's length it would stay at its start
+        self.uses_elapsed = first.uses_elapsed or bool(self.schedules)
 
     def _values(self, elapsed: float, stored: Mapping[str, Any]) -> dict[str, Any]:
         values = dict(stored)

@@ -57,3 +57,27 @@ def test_validation():
         schedule_hyperparams(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Algorithm"):
         schedule_hyperparams(lambda **kw: object())()
+
+
+def test_a_schedule_needs_the_run_s_length_in_a_step():
+    """A scheduled value reads time.elapsed, which stays 0 without the run's length: the step
+    refuses, as for every algorithm that decides from elapsed; constants need no length."""
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+    scheduled = schedule_hyperparams(sbfunc.algorithms.LabelSmoothing)(
+        smoothing=lambda t: 0.1 * t, num_classes=2
+    )
+    constant = schedule_hyperparams(sbfunc.algorithms.LabelSmoothing)(smoothing=0.1, num_classes=2)
+    assert scheduled.uses_elapsed and not constant.uses_elapsed
+    batch = (torch.randn(4, 2), torch.tensor([0, 1, 1, 0]))
+    params, buffers = sbfunc.split_module(model)
+    for alg, total_steps in ((constant, None), (scheduled, 3)):
+        step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [alg])
+        state = step.init(params, buffers, key=sbfunc.random.key(0), total_steps=total_steps)
+        step(state, batch)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [scheduled])
+    state = step.init(params, buffers, key=sbfunc.random.key(0))
+    with pytest.raises(ValueError, match=r"time\.elapsed .*total_steps=N"):
+        step(state, batch)
