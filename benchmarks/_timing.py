@@ -5,24 +5,46 @@ its first ``import torch`` (setting it here would come too late)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 
+def _no_sync() -> None:
+    return None
+
+
 def interleaved(
-    fns: dict[str, Callable[[], Any]], repeats: int, inner: int, *, warmup: int = 10
+    fns: dict[str, Callable[[], Any]],
+    repeats: int,
+    inner: int,
+    *,
+    warmup: int = 10,
+    sync: Callable[[], Any] = _no_sync,
 ) -> dict[str, list[float]]:
     """Warm every function up, then time ``inner`` calls of each in turn, ``repeats`` rounds:
-    machine noise spreads over every variant. Returns seconds per call, one per round."""
+    machine noise spreads over every variant. Returns seconds per call, one per round.
+
+    ``sync`` runs before each timed block starts and before it ends (on CUDA,
+    ``torch.cuda.synchronize``: a block times the work it launched, not its launches); only
+    here, never inside the functions timed."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
+            sync()
             t0 = time.perf_counter()
             for _ in range(inner):
                 fn()
+            sync()
             times[k].append((time.perf_counter() - t0) / inner)
     return times
+
+
+def quartiles(v: list[float]) -> tuple[float, float, float]:
+    """First quartile, median and third quartile (all three the value itself for one)."""
+    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
+    return q[0], statistics.median(v), q[2]

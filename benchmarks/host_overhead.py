@@ -47,137 +47,19 @@ import re
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import sbfunc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved
-from compiled_step import quickstart_cnn, study_cnn
-
-LR = 1e-3
-KEEP = 0.5
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-# --- sbfunc-specific construction: the only code that touches sbfunc's step API ------------
-
-
-def sbfunc_algorithms(variant: str, model: nn.Module, classes: int) -> list[sbfunc.Algorithm]:
-    """The algorithms of a variant: ``plain``, ``SB`` or ``SB+3``."""
-    if variant == "plain":
-        return []
-    score_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
-    sb = sbfunc.SelectiveBackprop(
-        start=0.0, end=1.0, keep=KEEP, interrupt=0, scoring=sbfunc.score.Scoring(loss_fn=score_fn)
-    )
-    if variant == "SB":
-        return [sb]
-    return [sb, sbfunc.algorithms.CutOut(), sbfunc.algorithms.MixUp(num_classes=classes),
-            sbfunc.algorithms.LabelSmoothing(num_classes=classes)]  # fmt: skip
-
-
-def sbfunc_runner(model: nn.Module, variant: str, classes: int, mode: str) -> Any:
-    """``advance(batch)``: one sbfunc training step on its own state (built here); ``mode``:
-    ``"eager"``, ``"compiled"`` (``torch.compile(step)``) or ``"compile()"``
-    (``step.compile()``: the host plan around the compiled core), and two attribution modes:
-    ``"compile()+guards"`` (``step.compile(library_guards=True)``: what the guard filter
-    saves) and ``"compile()/allow"`` (``nonfinite="allow"``: what the non-finite guard
-    costs)."""
-    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
-    algorithms = sbfunc_algorithms(variant, model, classes)
-    nonfinite = "allow" if mode == "compile()/allow" else "skip"
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms, nonfinite=nonfinite)
-    params, buffers = sbfunc.split_module(model, clone=True)
-    state = [step.init(params, buffers, key=sbfunc.random.key(0))]
-    call = torch.compile(step) if mode == "compiled" else step
-    if mode.startswith("compile()"):
-        step.compile(library_guards=mode == "compile()+guards")
-
-    def advance(batch: Batch) -> None:
-        state[0] = call(state[0], batch)[0]
-
-    return advance
-
-
-# --- the hand-written pure step (the reference limit) ---------------------------------------
-
-
-class HandState(NamedTuple):
-    params: dict[str, torch.Tensor]
-    mu: dict[str, torch.Tensor]
-    nu: dict[str, torch.Tensor]
-    steps: torch.Tensor  # 0-d int64: steps done
-    key: torch.Tensor
-
-
-def hand_runner(model: nn.Module, select: str | None, compiled: bool, batch: int) -> Any:
-    """A pure step written by hand; ``select``: ``None``, ``"rank-power"`` or ``"top-k"``."""
-    k = max(1, int(KEEP * batch))
-    log_w = (1.0 / KEEP - 1.0) * torch.log((torch.arange(batch) + 0.5) / batch)  # rank power
-    b1, b2, eps = 0.9, 0.999, 1e-8
-
-    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)
-
-    grad_and_value = torch.func.grad_and_value(loss)
-
-    def step(s: HandState, x: torch.Tensor, y: torch.Tensor) -> tuple[HandState, torch.Tensor]:
-        if select is not None:
-            with torch.no_grad():
-                logits = torch.func.functional_call(model, s.params, (x,))
-                scores = F.cross_entropy(logits, y, reduction="none")
-            if select == "top-k":
-                rows = torch.topk(scores, k, sorted=False).indices
-            else:  # positions drawn in ascending-score order, then mapped back
-                g = sbfunc.random.gumbel(sbfunc.random.fold_in(s.key, s.steps), (batch,))
-                positions = torch.topk(log_w + g, k, sorted=False).indices
-                rows = torch.argsort(scores)[positions]
-            rows = torch.sort(rows).values
-            x, y = x[rows], y[rows]
-        grads, value = grad_and_value(s.params, x, y)
-        count = s.steps + 1
-        c1, c2 = 1 - b1**count, 1 - b2**count
-        mu = {n: b1 * s.mu[n] + (1 - b1) * g for n, g in grads.items()}
-        nu = {n: b2 * s.nu[n] + (1 - b2) * g * g for n, g in grads.items()}
-        params = {
-            n: p - LR * (mu[n] / c1) / ((nu[n] / c2).sqrt() + eps) for n, p in s.params.items()
-        }
-        return HandState(params, mu, nu, count, s.key), value
-
-    params = {n: p.detach().clone() for n, p in model.named_parameters()}
-    zeros = {n: torch.zeros_like(p) for n, p in params.items()}
-    state = [HandState(params, zeros, dict(zeros), torch.zeros((), dtype=torch.int64),
-                       sbfunc.random.key(0))]  # fmt: skip
-    # dynamo caches graphs per code object: each hand step gets its own (as TrainStep does),
-    # so no step checks another's guards and no model runs into the recompile limit
-    own = types.FunctionType(
-        step.__code__.replace(), step.__globals__, "step", None, step.__closure__
-    )
-    call = torch.compile(own, fullgraph=True) if compiled else step
-
-    def advance(b: Batch) -> None:
-        state[0] = call(state[0], *b)[0]
-
-    return advance
-
-
-def loop_runner(model: nn.Module) -> Any:
-    opt = torch.optim.Adam(model.parameters(), LR)
-
-    def advance(b: Batch) -> None:
-        opt.zero_grad()
-        F.cross_entropy(model(b[0]), b[1]).backward()
-        opt.step()
-
-    return advance
-
+from _steps import KEEP, hand_runner, loop_runner, sbfunc_algorithms, sbfunc_runner, score_runner
+from _timing import interleaved, quartiles
+from compiled_step import quickstart_cnn, study_cnn, time_to_accuracy
 
 # --- models, rows, targets -----------------------------------------------------------------
 
@@ -186,13 +68,23 @@ def zero_model() -> tuple[nn.Module, tuple[int, ...], int]:
     return nn.Sequential(nn.Flatten(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)), (1, 8), 8
 
 
+def cnn1d(width: int, batch: int) -> Callable[[], tuple[nn.Module, tuple[int, ...], int]]:
+    """The study's 1-D CNN (``time_to_accuracy.make_model``) at ``width``, on MNIST-1D-sized
+    inputs ``[1, 40]``."""
+    return lambda: (time_to_accuracy.make_model(width), (1, 40), batch)
+
+
 MODELS: dict[str, tuple[Callable[[], tuple[nn.Module, tuple[int, ...], int]], int, int]] = {
     "zero": (zero_model, 2, 1),  # builder, classes, default threads
     "quickstart": (quickstart_cnn, 10, 2),
     "study": (study_cnn, 10, 2),
+    "cnn1d-32": (cnn1d(32, 64), 10, 2),  # issue 27's small 1-D CNN: 32 channels, batch 64
+    "cnn1d-64": (cnn1d(64, 256), 10, 2),  # and its SB case: width 64, batch 256
 }
 ROOT_ROW = "torch.optim loop"
-# row: (hand counterpart, target vs hand, target vs loop)
+SPEEDUP_SHARE = 0.95  # on CNNs: compiled sbfunc keeps >= 95 % of the hand step's speed-up
+# row: (hand counterpart, target vs hand, target vs loop); issue 18's targets and issue 27's
+# (eager SB <= 1.2x hand eager SB; compile() SB <= 1.25x the hand step with the same selection)
 ROWS: dict[str, tuple[str | None, float | None, float | None]] = {
     "torch.optim loop": (None, None, None),
     "hand eager plain": (None, None, None),
@@ -201,13 +93,14 @@ ROWS: dict[str, tuple[str | None, float | None, float | None]] = {
     "hand compiled SB": (None, None, None),
     "hand compiled SB top-k": (None, None, None),
     "sbfunc eager plain": ("hand eager plain", None, 1.1),
-    "sbfunc eager SB": ("hand eager SB", None, 1.5),
+    "sbfunc eager SB": ("hand eager SB", 1.2, 1.5),
     "sbfunc eager SB+3": ("hand eager SB", None, None),
     "sbfunc compiled plain": ("hand compiled plain", 1.25, None),
     "sbfunc compiled SB": ("hand compiled SB", 1.25, None),
     "sbfunc compiled SB+3": ("hand compiled SB", 1.5, None),
     "sbfunc compile() plain": ("hand compiled plain", 1.25, None),
     "sbfunc compile() SB": ("hand compiled SB", 1.25, None),
+    "sbfunc compile() SB-top-k": ("hand compiled SB top-k", 1.25, None),
     "sbfunc compile() SB+3": ("hand compiled SB", 1.5, None),
     # attribution (zero model only): the guard filter's share, the non-finite guard's share
     "sbfunc compile()+guards plain": ("hand compiled plain", None, None),
@@ -215,6 +108,9 @@ ROWS: dict[str, tuple[str | None, float | None, float | None]] = {
     "sbfunc compile()/allow plain": ("hand compiled plain", None, None),
     "sbfunc compile()/allow SB": ("hand compiled SB", None, None),
 }
+# SB's ideal on CNNs (not on the zero model, whose step is all overhead): the compiled scoring
+# forward of the whole batch plus a compiled plain step on the kept half, timed in the same run
+IDEAL_ROWS = ("score forward", "sbfunc compile() plain on k rows")
 ATTRIBUTION = ("compile()+guards", "compile()/allow")
 
 
@@ -227,16 +123,13 @@ def make_row(name: str, build: Callable[[], Any], classes: int) -> Any:
     model, _, batch = build()
     if name == "torch.optim loop":
         return loop_runner(model)
+    if name == "score forward":
+        return score_runner(model, "compile()")
     if name.startswith("hand"):
         select = "top-k" if name.endswith("top-k") else ("rank-power" if "SB" in name else None)
         return hand_runner(model, select, is_compiled(name), batch)
-    _, mode, variant = name.split(" ")
+    _, mode, variant = name.split(" ")[:3]
     return sbfunc_runner(model, variant, classes, mode)
-
-
-def quartiles(v: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
-    return q[0], statistics.median(v), q[2]
 
 
 def compile_facts(counters: Any) -> str:
@@ -266,48 +159,51 @@ def dynamo_facts(advance: Callable[[], None], steps: int = 20) -> str:
     return f"{lookups:.0f} cache lookups, {regions:.0f} compiled regions per step"
 
 
-def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
+def targets(model_name: str, name: str) -> tuple[str | None, float | None, float | None]:
+    """A row's hand counterpart and targets; on the CNNs the compiled plain steps must keep
+    ``SPEEDUP_SHARE`` of the hand step's speed-up over the loop (``<= 1/0.95`` of its time)."""
+    hand, t_hand, t_loop = ROWS[name]
+    if model_name != "zero" and name.endswith("plain") and is_compiled(name):
+        t_hand = round(1 / SPEEDUP_SHARE, 3)
+    return hand, t_hand, t_loop
+
+
+def timed_rows(model_name: str, quick: bool) -> tuple[dict[str, Callable[[], None]], dict]:
+    """Every row of ``model_name`` as a zero-argument step on one fixed batch, compiled ones
+    compiled (their first call's seconds and dynamo's counters in the second dict)."""
     build, classes, _ = MODELS[model_name]
     _, shape, batch = build()
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(batch, *shape, generator=gen)
-    data = (x, torch.randint(0, classes, (batch,), generator=gen))
-    torch.compile(torch.sin)(torch.ones(1))  # inductor's one-time start-up, outside the rows
+    data = (
+        torch.randn(batch, *shape, generator=gen),
+        torch.randint(0, classes, (batch,), generator=gen),
+    )
+    k = max(1, int(KEEP * batch))
+    names = [n for n in ROWS if model_name == "zero" or n.split(" ")[1] not in ATTRIBUTION]
+    names += [] if model_name == "zero" or quick else list(IDEAL_ROWS)
     fns: dict[str, Callable[[], None]] = {}
-    compile_s: dict[str, float] = {}
-    breaks: dict[str, str] = {}
-    rows = {n: v for n, v in ROWS.items()
-            if model_name == "zero" or n.split(" ")[1] not in ATTRIBUTION}  # fmt: skip
-    for name in rows:
-        advance = make_row(name, build, classes)
-        fns[name] = functools.partial(advance, data)
-        if is_compiled(name):
+    first: dict[str, tuple[float, str]] = {}
+    for name in names:
+        on = (data[0][:k], data[1][:k]) if name.endswith("on k rows") else data
+        fns[name] = functools.partial(make_row(name, build, classes), on)
+        if is_compiled(name) or name == "score forward":
             torch._dynamo.utils.counters.clear()
             t0 = time.perf_counter()
             fns[name]()
-            compile_s[name] = time.perf_counter() - t0
-            breaks[name] = compile_facts(torch._dynamo.utils.counters)
-    t = interleaved(fns, rounds, inner, warmup=3 if quick else 10)
-    for name, fn in fns.items():  # steady cost of a compiled call, timed apart from compiling
-        if name in compile_s:
-            compile_s[name] -= statistics.median(t[name])
-            if model_name == "zero" and name.startswith("sbfunc"):
-                breaks[name] += f"\n    {dynamo_facts(fn)}"
-    print(f"\n## {model_name}: batch {batch}, input {list(shape)}, {torch.get_num_threads()} "
-          f"threads, {rounds} rounds x {inner} steps")  # fmt: skip
-    cols = (
-        ("us/step", 9),
-        ("[IQR]", 16),
-        ("vs loop", 9),
-        ("[IQR]", 14),
-        ("vs hand", 9),
-        ("[IQR]", 14),
-    )
-    head = f"{'row':30}" + "".join(f"{c:>{w}}" for c, w in cols) + "  target"
+            first[name] = (time.perf_counter() - t0, compile_facts(torch._dynamo.utils.counters))
+    return fns, first
+
+
+def print_rows(model_name: str, t: dict[str, list[float]]) -> None:
+    """The table: us/step, and ratios against the loop and the hand step, with verdicts."""
+    cols = (("us/step", 9), ("[IQR]", 16), ("vs loop", 9), ("[IQR]", 14), ("vs hand", 9),
+            ("[IQR]", 14))  # fmt: skip
+    head = f"{'row':32}" + "".join(f"{c:>{w}}" for c, w in cols) + "  target"
     print(head + "\n" + "-" * (len(head) + 22))
-    for name, (hand, t_hand, t_loop) in rows.items():
+    for name in (n for n in ROWS if n in t):
+        hand, t_hand, t_loop = targets(model_name, name)
         lo, med, hi = quartiles([s * 1e6 for s in t[name]])
-        line = f"{name:30}{med:9.1f}{f'[{lo:.0f}-{hi:.0f}]':>16}"
+        line = f"{name:32}{med:9.1f}{f'[{lo:.0f}-{hi:.0f}]':>16}"
         verdicts = []
         for ref, target in ((ROOT_ROW, t_loop), (hand, t_hand)):
             if ref is None or ref == name:
@@ -320,11 +216,96 @@ def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
                 verdicts.append(f"{'loop' if ref == ROOT_ROW else 'hand'}<={target} {ok}")
         print(line + "  " + ", ".join(verdicts))
     print("ratios: median of per-round ratios [IQR]; vs hand: the hand-written step in the same "
-          "mode (SB+3 against hand SB)")  # fmt: skip
+          "mode with the same selection (SB+3 against hand SB)")  # fmt: skip
+
+
+def print_ideal(t: dict[str, list[float]]) -> None:
+    """SB's speed-up over the plain step against its ideal's (scoring forward + plain step on
+    the kept rows, per round), both compiled with ``step.compile()``."""
+    plain, sb = t["sbfunc compile() plain"], t["sbfunc compile() SB"]
+    ideal = [a + b for a, b in zip(*(t[n] for n in IDEAL_ROWS), strict=True)]
+    got = quartiles([p / s for p, s in zip(plain, sb, strict=True)])
+    best = quartiles([p / i for p, i in zip(plain, ideal, strict=True)])
+    share = quartiles([i / s for i, s in zip(ideal, sb, strict=True)])
+    ok = "MET" if share[1] >= SPEEDUP_SHARE else "MISSED"
+    print(f"SB speed-up over plain (compile()): {got[1]:.2f}x [{got[0]:.2f}-{got[2]:.2f}], "
+          f"ideal {best[1]:.2f}x [{best[0]:.2f}-{best[2]:.2f}]: {share[1]:.2f} of the ideal "
+          f"[{share[0]:.2f}-{share[2]:.2f}]  target >={SPEEDUP_SHARE} {ok}")  # fmt: skip
+
+
+def bench(model_name: str, rounds: int, inner: int, quick: bool) -> None:
+    torch.compile(torch.sin)(torch.ones(1))  # inductor's one-time start-up, outside the rows
+    fns, first = timed_rows(model_name, quick)
+    t = interleaved(fns, rounds, inner, warmup=3 if quick else 10)
+    build = MODELS[model_name][0]
+    _, shape, batch = build()
+    print(f"\n## {model_name}: batch {batch}, input {list(shape)}, {torch.get_num_threads()} "
+          f"threads, {rounds} rounds x {inner} steps")  # fmt: skip
+    print_rows(model_name, t)
+    if all(n in t for n in IDEAL_ROWS):
+        print_ideal(t)
     print("compile s (first call minus a steady one; inductor's on-disk caches as found) and "
           "dynamo facts:")  # fmt: skip
-    for name, s in compile_s.items():
-        print(f"  {name:30}{s:6.1f} s  {breaks[name]}")
+    for name, (s, facts) in first.items():
+        if model_name == "zero" and name.startswith("sbfunc"):
+            facts += f"\n    {dynamo_facts(fns[name])}"
+        print(f"  {name:32}{s - statistics.median(t[name]):6.1f} s  {facts}")
+
+
+HOST_COUNTS = (0, 1, 2, 4, 8)
+
+
+def algorithms_of(count: int, model: nn.Module) -> list[sbfunc.Algorithm]:
+    """``count`` algorithms: SB, CutOut, MixUp, LabelSmoothing, EMA, then renamed CutOuts."""
+    suite = [*sbfunc_algorithms("SB+3", model, 2), sbfunc.algorithms.EMA()]
+    suite += [sbfunc.algorithms.CutOut().renamed(f"cutout_{i}") for i in range(2, 5)]
+    return suite[:count]
+
+
+def split_runner(count: int) -> Callable[[], tuple[float, float, float]]:
+    """A ``step.compile()``d step on the zero model with ``count`` algorithms; each call runs
+    one step and returns the seconds of its host plan, compiled core and host finish."""
+    torch.manual_seed(0)
+    model, shape, batch = zero_model()
+    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy, mode="train")
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-3), algorithms_of(count, model))
+    params, buffers = sbfunc.split_module(model, clone=True)
+    state = [step.init(params, buffers, key=sbfunc.random.key(0), total_steps=10**9)]
+    step.compile()
+    data = (torch.randn(batch, *shape), torch.randint(0, 2, (batch,)))
+
+    def run() -> tuple[float, float, float]:
+        t0 = time.perf_counter()
+        plan, batch_in = step._prepare(state[0], data, True)
+        t1 = time.perf_counter()
+        carry, out = step.compiled_core(plan, state[0], batch_in)
+        t2 = time.perf_counter()
+        state[0] = step.finish(state[0], carry, out)[0]
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+    return run
+
+
+def host_time(rounds: int) -> None:
+    """The host time per step (plan + finish, outside the compiled core) by the number of
+    algorithms, on the zero model, interleaved over the counts."""
+    runs = {n: split_runner(n) for n in HOST_COUNTS}
+    parts: dict[int, list[tuple[float, float, float]]] = {n: [] for n in HOST_COUNTS}
+    for _ in range(10):  # compile and warm up
+        for run in runs.values():
+            run()
+    for _ in range(rounds):
+        for n, run in runs.items():
+            parts[n].extend(run() for _ in range(20))
+    print(f"\n## host time per step by algorithms (zero model, step.compile(), {rounds} rounds "
+          "x 20 steps; medians in us)")  # fmt: skip
+    print("| algorithms | plan | finish | plan + finish | compiled core | host share |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for n, p in parts.items():
+        plan, core, fin = (statistics.median(x[i] * 1e6 for x in p) for i in range(3))
+        host = statistics.median((x[0] + x[2]) * 1e6 for x in p)
+        print(f"| {n} | {plan:.0f} | {fin:.0f} | {host:.0f} | {core:.0f} | "
+              f"{host / (host + core):.0%} |")  # fmt: skip
 
 
 def profile_steps(out: Path, steps: int) -> None:
@@ -361,6 +342,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="default 1 (CNNs: 2)")
     parser.add_argument("--quick", action="store_true", help="few rounds (smoke run)")
     parser.add_argument("--profile", type=Path, default=None, help="write cProfile tables here")
+    parser.add_argument("--host-time", action="store_true", help="plan + finish by algorithms")
     args = parser.parse_args()
     for flag in ("rounds", "threads"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
@@ -369,6 +351,10 @@ def main() -> None:
     if args.profile is not None:
         torch.set_num_threads(args.threads or 1)
         profile_steps(args.profile, 50 if args.quick else 2000)
+        return
+    if args.host_time:
+        torch.set_num_threads(args.threads or 1)
+        host_time(args.rounds or (2 if args.quick else 50))
         return
     for name in args.models:
         torch.set_num_threads(args.threads or MODELS[name][2])

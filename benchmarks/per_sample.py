@@ -109,7 +109,7 @@ def contenders(model: nn.Module, x: torch.Tensor, y: torch.Tensor, sub: list[int
     model.eval()  # no dropout/BatchNorm here; spares per_sample_loss a mode switch per call
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     params, buffers = sbfunc.split_module(model)
-    batch, idx = (x, y), torch.tensor(sub)
+    batch, idx = (x, y), torch.tensor(sub, device=x.device)
     ours_grad, ours_l2 = batch_grad(loss_fn), batch_l2_grad(loss_fn)
 
     def one(p: dict, xi: torch.Tensor, yi: torch.Tensor) -> torch.Tensor:

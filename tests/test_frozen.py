@@ -236,6 +236,7 @@ OPTIMIZERS: dict[str, Callable[[], optim.GradientTransformation]] = {
     "decoupled_adamw": lambda: optim.decoupled_adamw(1e-2, weight_decay=1e-2),
     "add_decayed_weights": lambda: optim.chain(optim.add_decayed_weights(1e-2), optim.scale(-0.1)),
     "apply_if_finite": lambda: optim.apply_if_finite(optim.sgd(0.1), 2),
+    "dynamic_loss_scale": lambda: optim.dynamic_loss_scale(optim.sgd(0.1)),
     "chain": lambda: optim.chain(optim.clip_by_global_norm(1.0), optim.sgd(0.1)),
     "clip_by_global_norm": lambda: optim.chain(
         optim.clip_by_global_norm(0.5, formula="optax"), optim.scale(-0.1)

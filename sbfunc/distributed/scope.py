@@ -16,11 +16,13 @@ the result to ``SelectiveBackprop(policy=...)``. Each rank scores its own rows, 
 
 With ``rebalance=True`` the kept rows then move between ranks (one ``all_to_all_single``) so
 that every rank backpropagates the same count (to one row): the wrapper's ``Policy.prune``
-does the selecting and the moving. Rank counts are read on the host: one small device sync per
-step under NCCL whenever the wrapper communicates. A wrapped policy scores every row (no
-``score_rows``) and records no training losses (no ``record``: one rank's training losses
-would make the per-id tables differ across ranks). Non-finite scores follow the rule of
-:mod:`sbfunc.select.base` over the rows each selection ranges over.
+does the selecting and the moving. Whenever the wrapper communicates, row counts are read on
+the host (a device sync under NCCL): every rank's row count (``_Scope._counts``) and, for a
+global selection, where each rank's kept rows start (``_Global.choose``). A world of one, and
+a local selection of a stateless policy without rebalancing, read nothing. A wrapped policy
+scores every row (no ``score_rows``) and records no training losses (no ``record``: one rank's
+training losses would make the per-id tables differ across ranks). Non-finite scores follow
+the rule of :mod:`sbfunc.select.base` over the rows each selection ranges over.
 """
 
 from __future__ import annotations
@@ -201,6 +203,9 @@ class _Global(_Scope):
         epoch: int | torch.Tensor,
         elapsed: float | torch.Tensor,
     ) -> _Chosen:
+        if self.comm.world == 1:  # the global batch is this rank's: no bounds to read
+            sel, state = self._inner(scores, state, key, ids, epoch, elapsed)
+            return sel, state, [sel.indices.shape[0]]
         sizes, shards = self._gather(scores, ids)
         g_scores = torch.cat([s for s, _ in shards])
         g_ids = None if ids is None else torch.cat([i for _, i in shards if i is not None])

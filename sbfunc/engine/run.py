@@ -53,6 +53,23 @@ class Carry(NamedTuple):
         """The carry at the start of a step (or event) on ``context``."""
         return Carry(context, state.algorithm_state, (None,) * leaves)
 
+    def outliving(self) -> Carry:
+        """This carry with only what outlives the step: the context's persistent fields
+        (parameters, buffers, optimizer state) and its two step counts (``samples_scored``,
+        ``rows_unscorable``), the algorithms' states and the traces. The per-batch values
+        (batch, outputs, losses, gradients, scratches, keys, the time tensors) are dropped, so
+        a compiled step neither returns nor materialises them."""
+        c = self.context
+        kept = Context(
+            cast(torch.Tensor, None),
+            c.params,
+            c.buffers,
+            c.opt_state,
+            samples_scored=c.samples_scored,
+            rows_unscorable=c.rows_unscorable,
+        )
+        return Carry(kept, self.algorithm_state, (None,) * len(self.scratch), self.traces)
+
 
 def step_key(root: torch.Tensor, step: torch.Tensor | int) -> torch.Tensor:
     """The base key of one step: the root key folded with the step count."""

@@ -14,7 +14,8 @@ differ by one rounding per step, where torch fuses the parameter into its last k
 each function). A learning rate (or
 weight decay) may be a schedule, a function of the state's step count evaluated with tensor ops,
 so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updates) and
-:func:`multi_steps` (gradient accumulation) wrap a transformation.
+:func:`multi_steps` (gradient accumulation) wrap a transformation, and so does
+:func:`dynamic_loss_scale` (float16 training's loss scale, ``torch.amp.GradScaler``).
 
 ``update`` is differentiable (torch.func can differentiate through it); call it under
 ``torch.no_grad()`` when the parameters require grad and no gradient through the step is wanted.
@@ -27,6 +28,7 @@ from sbfunc.optim._base import EmptyState, GradientTransformation, apply_updates
 from sbfunc.optim._clip import ClipFormula, clip_by_global_norm
 from sbfunc.optim._finite import ApplyIfFiniteState, all_finite, apply_if_finite, keep_if_finite
 from sbfunc.optim._join import join_schedules, warmup_cosine_decay_schedule
+from sbfunc.optim._loss_scale import LossScaleState, dynamic_loss_scale, loss_scale
 from sbfunc.optim._moments import ScaleByAdamState, TraceState, scale_by_adam, trace
 from sbfunc.optim._schedules import (
     Schedule,
@@ -53,6 +55,7 @@ __all__ = [
     "ClipFormula",
     "EmptyState",
     "GradientTransformation",
+    "LossScaleState",
     "MultiStepsState",
     "Optimizer",
     "ScaleByAdamState",
@@ -72,10 +75,12 @@ __all__ = [
     "decoupled_adamw",
     "decoupled_sgdw",
     "decoupled_weight_decay",
+    "dynamic_loss_scale",
     "exponential_decay",
     "join_schedules",
     "keep_if_finite",
     "linear_schedule",
+    "loss_scale",
     "multi_steps",
     "piecewise_constant_schedule",
     "scale",

@@ -27,6 +27,7 @@ __all__ = [
     "host_flag",
     "keep_if_finite",
     "negative_zeros",
+    "update_if",
 ]
 
 
@@ -160,19 +161,34 @@ class _ApplyIfFinite(TransformRecord):
         apply = finite
         if self.max_consecutive_errors is not None:
             apply = finite | (count > self.max_consecutive_errors)
-        new_state = ApplyIfFiniteState(
-            count, finite, state.total_notfinite + notfinite, state.inner_state
-        )
-        host = host_flag(apply)
-        if host is False:  # eagerly on the CPU: skip the inner update altogether (its updates
-            # would come in the parameters' dtype)
-            like = updates if params is None else cast_like(updates, params)
-            return negative_zeros(like), new_state
-        out, inner = self.inner.update(updates, state.inner_state, params)
-        if host is None:
-            out = {k: torch.where(apply, u, -0.0) for k, u in out.items()}
-            inner = keep_if_finite(apply, inner, state.inner_state)
-        return out, new_state._replace(inner_state=inner)
+        out, inner = update_if(apply, self.inner, updates, state.inner_state, params)
+        return out, ApplyIfFiniteState(count, finite, state.total_notfinite + notfinite, inner)
+
+
+def update_if(
+    apply: torch.Tensor,
+    inner: GradientTransformation,
+    updates: Params,
+    state: Any,
+    params: Params | None,
+) -> tuple[Params, Any]:
+    """``inner.update(updates, state, params)`` where the 0-d bool ``apply`` holds, else
+    ``-0.0`` updates (in the parameters' dtype) and ``state`` unchanged; no host sync (the
+    shared core of :func:`apply_if_finite` and :func:`~sbfunc.optim.dynamic_loss_scale`).
+
+    Eagerly on the CPU the flag is read and a skipped update does no work; on an accelerator
+    or under ``torch.compile`` the inner update always runs and ``torch.where`` selects.
+    """
+    host = host_flag(apply)
+    if host is False:  # eagerly on the CPU: skip the inner update altogether (its updates
+        # would come in the parameters' dtype)
+        like = updates if params is None else cast_like(updates, params)
+        return negative_zeros(like), state
+    out, new = inner.update(updates, state, params)
+    if host is None:
+        out = {k: torch.where(apply, u, -0.0) for k, u in out.items()}
+        new = keep_if_finite(apply, new, state)
+    return out, new
 
 
 def apply_if_finite(

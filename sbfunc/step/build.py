@@ -9,8 +9,10 @@ from sbfunc.engine import Algorithm
 from sbfunc.engine.ordering import DEFAULT_PASSES, Pass
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation
+from sbfunc.optim._loss_scale import scales_loss
 from sbfunc.rows import check_per_sample
 from sbfunc.step.microbatch import microbatching
+from sbfunc.step.objective import AUTOCAST, Precision
 from sbfunc.step.replicas import ONE_PROCESS, Replicas
 from sbfunc.step.train_step import NonFinite, TrainStep
 
@@ -29,6 +31,7 @@ def make_train_step(
     microbatch_size: int | None = None,
     per_sample: PerSample = None,
     replicas: Replicas = ONE_PROCESS,
+    precision: Precision = "fp32",
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -60,6 +63,16 @@ def make_train_step(
     chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
     to the whole batch's exactly (see :mod:`sbfunc.step.microbatch`, also for BatchNorm).
 
+    **Mixed precision** (Composer's ``precision=``): ``"amp_bf16"`` or ``"amp_fp16"`` run the
+    forward and the loss under ``torch.autocast`` on the parameters' device with that dtype;
+    the parameters, gradients and optimizer state keep the dtypes they have (float32 master
+    weights for a float32 model). ``"amp_fp16"`` needs an optimizer wrapped in
+    :func:`sbfunc.optim.dynamic_loss_scale`: the step then differentiates ``loss * scale``
+    and divides the gradients by the scale before ``AFTER_BACKWARD`` (algorithms and clipping
+    see the true gradients; the reported loss is not scaled); an overflow skips the update as
+    ``nonfinite="skip"`` does (counted), and the scale backs off. Selective Backprop's
+    scoring forward keeps its own ``Scoring(dtype=...)`` (see ``docs/how-to/mixed-precision.md``).
+
     Randomness inside the model (dropout) draws from the state's key, not from torch's global
     generator (:func:`sbfunc.random.keyed`), so a run resumes bit for bit.
 
@@ -83,11 +96,14 @@ def make_train_step(
         replicas: how the step combines with other processes (:mod:`sbfunc.step.replicas`):
             :data:`~sbfunc.step.replicas.ONE_PROCESS` (default) or
             :class:`sbfunc.distributed.DataParallel`.
+        precision: ``"fp32"`` (default: no autocast), ``"amp_bf16"`` or ``"amp_fp16"``.
 
     Raises:
         TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
-        ValueError: for ``nonfinite`` out of its values, or an algorithm pruning with
-            another ``per_sample`` spec than ``per_sample``.
+        ValueError: for ``nonfinite`` or ``precision`` out of their values, ``"amp_fp16"``
+            without :func:`sbfunc.optim.dynamic_loss_scale`, a loss scale with
+            ``nonfinite="allow"``, or an algorithm pruning with another ``per_sample`` spec
+            than ``per_sample``.
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -135,6 +151,7 @@ def make_train_step(
             raise TypeError(f"algorithms[{i}] must be an sbfunc.Algorithm, got {type(a).__name__}")
     if nonfinite not in ("skip", "raise", "allow"):
         raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
+    _check_precision(precision, optimizer, nonfinite)
     if keyed_model is None:
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
@@ -159,4 +176,33 @@ def make_train_step(
         split,
         per_sample=per_sample,
         replicas=replicas,
+        precision=precision,
     )
+
+
+def _check_precision(precision: object, optimizer: GradientTransformation, nonfinite: str) -> None:
+    """Raise for a ``precision`` out of its values, float16 without a loss scale, or a loss
+    scale with ``nonfinite="allow"`` (which would apply the overflowed updates it skips)."""
+    if precision == "amp_fp8":
+        raise ValueError(
+            "precision='amp_fp8' (Composer's FP8 through Transformer Engine) is not supported; "
+            "precision must be one of 'fp32', 'amp_bf16', 'amp_fp16'"
+        )
+    if not isinstance(precision, str) or precision not in AUTOCAST:
+        raise ValueError(
+            f"precision must be one of 'fp32', 'amp_bf16', 'amp_fp16', got {precision!r}"
+        )
+    scaled = scales_loss(optimizer)
+    if precision == "amp_fp16" and not scaled:
+        raise ValueError(
+            "precision='amp_fp16' needs dynamic loss scaling, or small float16 gradients "
+            "flush to zero: wrap the optimizer, e.g. "
+            "sbfunc.optim.dynamic_loss_scale(sbfunc.optim.adamw(1e-3)) (torch.amp.GradScaler's "
+            "defaults), or use precision='amp_bf16', which needs none"
+        )
+    if scaled and nonfinite == "allow":
+        raise ValueError(
+            "a dynamic_loss_scale optimizer skips the updates that overflow, which "
+            "nonfinite='allow' (apply every update, count nothing) contradicts; use "
+            "nonfinite='skip' (the default: overflows are skipped and counted) or 'raise'"
+        )

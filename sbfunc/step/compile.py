@@ -50,7 +50,9 @@ _LIBRARIES = ("sbfunc", "torch", "optree", "kornia")
 _IMPORT = re.compile(r"G\['__import_(\w+?)'\]")
 _ROOT = re.compile(r"G\['([^']+)'\]")
 _ROOT_MODULE = "sbfunc.step.train_step"  # the module of the compiled core (its G[...] globals)
-_TRACED = ("__call__", "core")  # the methods torch.compile traces as frames of their own
+# the methods torch.compile traces as frames of their own (``core`` too: a graph break inside
+# it makes resume functions from its code)
+_TRACED = ("__call__", "compiled_body", "core")
 
 
 class CompilableStep(nn.Module):
@@ -96,7 +98,7 @@ class CompilableStep(nn.Module):
         """
         if torch.compiler.is_compiling():  # the host parts stay out of the graph
             plan, batch = self._host_plan(state, batch, True)
-            carry, out = self.core(plan, state, batch)
+            carry, out = self.compiled_body(plan, state, batch)
             return self._host_finish(state, carry, out)
         if self.compiled_core is not None:  # step.compile(): host plan, compiled core
             plan, batch = self._prepare(state, batch, True)
@@ -105,6 +107,16 @@ class CompilableStep(nn.Module):
             plan = self.plan(state, batch)
             carry, out = self.core(plan, state, batch)
         return self.finish(state, carry, out)
+
+    def compiled_body(
+        self, plan: StepPlan, state: TrainState, batch: Any
+    ) -> tuple[Carry, CoreOutputs]:
+        """What a compiled step runs: :meth:`core`, returning only what :meth:`finish` reads
+        (:meth:`~sbfunc.engine.run.Carry.outliving`). A graph's outputs are materialised, so
+        returning the step's per-batch values (gradients, outputs, losses, the time tensors)
+        would cost the compiled step allocations that the fused update otherwise avoids."""
+        carry, out = self.core(plan, state, batch)
+        return carry.outliving(), out
 
     def forward(self, state: TrainState, batch: Any) -> tuple[TrainState, StepMetrics]:
         """The same as calling the step (``nn.Module``'s entry point)."""
@@ -145,7 +157,7 @@ class CompilableStep(nn.Module):
             ``torch.nn.Module.compile``; ``jax.jit``.
         """
         options = compile_options(options, library_guards=library_guards)
-        self.compiled_core = torch.compile(self.core, **options)
+        self.compiled_core = torch.compile(self.compiled_body, **options)
 
     def _prepare(self, state: TrainState, batch: Any, compiling: bool) -> tuple[StepPlan, Any]:
         """The plan, and under compilation the batch with text fields as row indices (so the

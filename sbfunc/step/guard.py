@@ -7,7 +7,8 @@ update as it is and counts nothing. The guard acts at three points of the step: 
 forward it zeroes the rows whose inputs are not finite (:meth:`NonFiniteGuard.mask`, see
 :mod:`sbfunc.step.nonfinite`); after the update it keeps the old parameters, optimizer state
 and buffers when the loss or a gradient is not finite (:meth:`NonFiniteGuard.keep`, as optax
-``apply_if_finite``, without a host sync); and it counts the rows left out
+``apply_if_finite``, without a host sync; a loss scale's backed-off scale is kept,
+:func:`opt_state_on_skip`); and it counts the rows left out
 (:meth:`NonFiniteGuard.rows_left_out`), with those a selection left out for a non-finite
 score, and raises on them with ``"raise"`` (:meth:`NonFiniteGuard.check`).
 """
@@ -20,6 +21,7 @@ import torch
 
 from sbfunc.engine.run import Carry
 from sbfunc.optim._finite import host_flag
+from sbfunc.optim._loss_scale import LossScaleState
 from sbfunc.rows import PerSample
 from sbfunc.step.gradients import all_finite, keep_if_finite
 from sbfunc.step.nonfinite import finite_rows, zero_rows
@@ -27,7 +29,7 @@ from sbfunc.step.records import CoreOutputs
 from sbfunc.step.replicas import Replicas
 from sbfunc.types import Params
 
-__all__ = ["NonFinite", "NonFiniteGuard"]
+__all__ = ["NonFinite", "NonFiniteGuard", "opt_state_on_skip"]
 
 NonFinite = Literal["skip", "raise", "allow"]
 """``make_train_step``'s ``nonfinite`` values."""
@@ -112,6 +114,24 @@ class NonFiniteGuard(NamedTuple):
         if self.mode == "raise":
             _raise_if_nonfinite(out, step, replicas)
         return out
+
+
+def opt_state_on_skip(new: Any, old: Any) -> Any:
+    """The optimizer state a skipped update keeps: ``old``, the state before it, except for
+    :func:`sbfunc.optim.dynamic_loss_scale`, which handles a non-finite update itself: its new
+    state (the scale backed off on an overflow, which must persist or the scale never
+    shrinks) with the inner optimizer's state from before.
+
+    Example:
+        >>> from sbfunc.optim import LossScaleState
+        >>> from sbfunc.step.guard import opt_state_on_skip
+        >>> old, new = LossScaleState(torch.tensor(4.0), torch.tensor(7), "old"), "new"
+        >>> opt_state_on_skip(LossScaleState(torch.tensor(2.0), torch.tensor(0), new), old)
+        LossScaleState(scale=tensor(2.), good_steps=tensor(0), inner='old')
+    """
+    if isinstance(new, LossScaleState) and isinstance(old, LossScaleState):
+        return new._replace(inner=old.inner)
+    return old
 
 
 def _raise_if_nonfinite(out: CoreOutputs, step: int, replicas: Replicas) -> None:

@@ -329,7 +329,7 @@ def _steps_per_epoch(data: Data, given: int | None) -> int:
 def _run(loop: Loop, state: TrainState) -> TrainState:
     """The loop, the final numbers on the progress bar and, when the run is done (not stopped
     by ``stop_after``), ``FIT_END`` and the final evaluation."""
-    loop.check_rows(state)  # the count when the call starts (one read)
+    loop.check_rows(state)  # the count when the call starts, kept on the device (no read)
     state = loop.run(state)
     loop.check_rows(state)
     every = loop.log_every

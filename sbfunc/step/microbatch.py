@@ -128,6 +128,7 @@ def accumulate(
     inside: bool,
     model_key: Callable[[torch.Tensor], torch.Tensor] | None,
     ok: torch.Tensor | None,
+    scale: torch.Tensor | None = None,
 ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
     """Forward, loss and gradient of the carried batch, chunk by chunk when ``split`` says so
     (see the module docs); fires ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` per chunk.
@@ -142,12 +143,14 @@ def accumulate(
         model_key: the step key -> the key of the model's randomness, or ``None`` (no
             randomness in the model).
         ok: the rows whose inputs are finite, or ``None``.
+        scale: the loss scale every chunk's loss is multiplied by (``None``: none).
 
     Returns:
         ``(carry, grads, loss, used, rows)``: the carry with the whole kept batch and weights
         back, the concatenated per-sample losses (and outputs) and the last chunk's buffers;
-        the accumulated gradient; the whole batch's weighted mean loss; the rows the loss
-        used (``None`` when not masking); the number of rows backpropagated.
+        the accumulated gradient (scaled as the loss); the whole batch's weighted mean loss;
+        the rows the loss used (``None`` when not masking); the number of rows
+        backpropagated.
     """
     context = carry.context
     batch, weights = context.batch, context.sample_weights
@@ -162,7 +165,7 @@ def accumulate(
 
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
         carry, grads, loss, used = objective(
-            carry, fire, inside=inside, model_key=key_of(carry), ok=ok
+            carry, fire, inside=inside, model_key=key_of(carry), ok=ok, scale=scale
         )
         rows = batch_size(carry.context.batch, per_sample=per_sample)
         return carry, grads, loss, used, rows
@@ -189,7 +192,7 @@ def accumulate(
         carry = carry._replace(context=ctx, step_key=key)
         part = None if ok is None else ok[start : start + n]
         carry, grads, loss, used = objective(
-            carry, fire, inside=inside, model_key=key_of(carry), ok=part
+            carry, fire, inside=inside, model_key=key_of(carry), ok=part, scale=scale
         )
         share = n / rows
         total = _scaled_sum(total, grads, share)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import torch
 
@@ -30,13 +30,31 @@ from sbfunc.step.gradients import (
     weighted_mean,
 )
 
-__all__ = ["INSIDE_EVENTS", "Fire", "Objective", "backpropagated", "masked_mean"]
+__all__ = [
+    "AUTOCAST",
+    "INSIDE_EVENTS",
+    "Fire",
+    "Objective",
+    "Precision",
+    "backpropagated",
+    "masked_mean",
+]
 
 INSIDE_EVENTS = (Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
 """The events that fire inside the differentiated function."""
 
 Fire = Callable[[Event, Carry], Carry]
 """``fire(event, carry) -> carry``: apply one event's planned algorithms."""
+
+Precision = Literal["fp32", "amp_bf16", "amp_fp16"]
+"""``make_train_step``'s ``precision`` values (Composer's ``precision=`` names)."""
+
+AUTOCAST: dict[str, torch.dtype | None] = {
+    "fp32": None,
+    "amp_bf16": torch.bfloat16,
+    "amp_fp16": torch.float16,
+}
+"""The ``torch.autocast`` dtype of each precision (``None``: no autocast)."""
 
 
 def masked_mean(
@@ -102,11 +120,22 @@ class Objective(NamedTuple):
             forward and criterion apart, with ``AFTER_FORWARD``/``BEFORE_LOSS`` between).
         per_sample: the batch's per-sample spec.
         mask_nonfinite: leave rows whose loss is not finite out of the loss.
+        autocast: run the forward and the loss under ``torch.autocast`` with this dtype
+            (``make_train_step(precision=...)``); ``None``: as the parameters are.
     """
 
     loss_fn: LossFn
     per_sample: PerSample
     mask_nonfinite: bool
+    autocast: torch.dtype | None = None
+
+    def precision(self, params: Params) -> contextlib.AbstractContextManager[Any]:
+        """The forward's and the loss's precision: ``torch.autocast`` on the parameters'
+        device type (the CPU for none), or nothing."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        device = next(iter(params.values())).device.type if params else "cpu"
+        return torch.autocast(device, dtype=self.autocast)
 
     def rows_used(self, losses: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor | None:
         """The rows the loss averages: inputs (``ok``) and loss finite; ``None``: all (or
@@ -126,6 +155,7 @@ class Objective(NamedTuple):
         inside: bool,
         model_key: torch.Tensor | None,
         ok: torch.Tensor | None,
+        scale: torch.Tensor | None = None,
     ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
         """Forward, loss and gradient of the carried batch.
 
@@ -136,12 +166,14 @@ class Objective(NamedTuple):
                 carry autograd history eagerly and are detached).
             model_key: the key of the model's random operations, or ``None``.
             ok: the rows whose inputs are finite (``None``: all).
+            scale: the loss scale (:func:`sbfunc.optim.dynamic_loss_scale`): the gradients
+                are those of ``loss * scale``; the loss returned is not scaled.
 
         Returns:
             ``(carry, grads, loss, ok)``: the carry after ``BEFORE_BACKWARD`` with the
             backpropagated ``loss``, detached ``losses``, ``outputs`` and new ``buffers``; the
-            gradients; the loss; the rows the loss used (inputs and loss finite), or ``None``
-            when not masking.
+            gradients (scaled as the loss); the loss; the rows the loss used (inputs and loss
+            finite), or ``None`` when not masking.
         """
         loss_fn, staged = self.loss_fn, isinstance(self.loss_fn, ModuleLoss)
         context = carry.context
@@ -150,11 +182,13 @@ class Objective(NamedTuple):
         def randomness() -> contextlib.AbstractContextManager[Any]:
             return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)
 
-        def objective(p: Params) -> tuple[torch.Tensor, tuple[Params, Carry, torch.Tensor, Any]]:
+        def objective(
+            p: Params,
+        ) -> tuple[torch.Tensor, tuple[Params, Carry, torch.Tensor, Any, Any]]:
             b, c = fresh_buffers(buffers), carry
             if staged:
                 assert isinstance(loss_fn, ModuleLoss)
-                with randomness():
+                with randomness(), self.precision(p):
                     outputs = loss_fn.forward(p, b, c.context.batch)
                 c = c._replace(context=c.context._replace(outputs=outputs))
             c = fire(Event.AFTER_FORWARD, c)
@@ -162,9 +196,10 @@ class Objective(NamedTuple):
             ctx = c.context
             if staged:
                 assert isinstance(loss_fn, ModuleLoss)
-                losses = loss_fn.criterion(ctx.outputs, ctx.batch)
+                with self.precision(p):
+                    losses = loss_fn.criterion(ctx.outputs, ctx.batch)
             else:
-                with randomness():
+                with randomness(), self.precision(p):
                     losses = loss_fn(p, b, ctx.batch)
             n = batch_size(ctx.batch, per_sample=self.per_sample)
             check_losses(losses, n)
@@ -177,11 +212,15 @@ class Objective(NamedTuple):
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.
             c = c._replace(context=ctx._replace(time=cast(Time, None)))
-            return loss, (b, c, losses, used)
+            if scale is None:
+                return loss, (b, c, losses, used, None)
+            return loss * scale, (b, c, losses, used, loss)
 
-        grads, loss, (new_buffers, carry, losses, used) = differentiate(
+        grads, loss, (new_buffers, carry, losses, used, unscaled) = differentiate(
             objective, context.params, detach_aux=False
         )
+        if unscaled is not None:  # the loss, not the scaled one differentiated
+            loss = unscaled.detach()
         # Eagerly the aux may carry autograd history: the outputs always, anything else only
         # when algorithms ran inside the objective (buffers update under no_grad).
         ctx = carry.context

@@ -73,21 +73,24 @@ class Loop:
         self.kept: list[StepMetrics] = []
         self.evaluations: list[Evaluation] = []
         self.last: StepMetrics | None = None
-        self.rows_seen: int | None = None  # rows_nonfinite when last read (a host sync)
+        self.rows_seen: torch.Tensor | None = None  # rows_nonfinite at the last check
         self.shown: tuple[dict[str, Any], dict[str, str]] = ({}, {})  # step, eval fields
 
     def check_rows(self, state: TrainState) -> None:
         """Warn once per call when rows with a non-finite input or loss were left out since the
-        last read. Reads a device counter: only where the loop reads metrics anyway."""
+        last check. The first check of a call keeps the count on the device; each later one
+        reads how much it grew (a host sync): only where the loop reads metrics anyway."""
         count = state.time.rows_nonfinite
         if count is None:
             return
-        seen, now = self.rows_seen, int(count)
-        self.rows_seen = now
-        if seen is not None and now > seen and not getattr(self, "warned", False):
+        seen, self.rows_seen = self.rows_seen, count
+        if seen is None:
+            return
+        grew = int(count - seen.to(count.device))
+        if grew > 0 and not getattr(self, "warned", False):
             self.warned = True
             warnings.warn(
-                f"{now - seen} training rows had a non-finite input or loss by step "
+                f"{grew} training rows had a non-finite input or loss by step "
                 f"{state.time.step} and were left out of their updates (state.time."
                 "rows_nonfinite counts them); check the data, or pass nonfinite='raise' to "
                 "make_train_step to stop at the first one",

@@ -35,12 +35,13 @@ from sbfunc.engine.run import Carry, advance_time, apply_planned, run_event, ste
 from sbfunc.engine.trace import stream_ids
 from sbfunc.engine.writes import in_step
 from sbfunc.module import LossFn, ModuleLoss, Params
-from sbfunc.optim import GradientTransformation, apply_updates
+from sbfunc.optim import GradientTransformation, apply_updates, loss_scale
+from sbfunc.optim._loss_scale import scales_loss, unscale
 from sbfunc.random.keys import check_key
 from sbfunc.step.compile import CompilableStep
-from sbfunc.step.guard import NonFinite, NonFiniteGuard
+from sbfunc.step.guard import NonFinite, NonFiniteGuard, opt_state_on_skip
 from sbfunc.step.microbatch import Microbatching, accumulate
-from sbfunc.step.objective import INSIDE_EVENTS, Fire, Objective
+from sbfunc.step.objective import AUTOCAST, INSIDE_EVENTS, Fire, Objective, Precision
 from sbfunc.step.records import BATCH_EVENTS, CoreOutputs, StepMetrics, StepPlan
 from sbfunc.step.replicas import ONE_PROCESS, Replicas, no_rows_here
 from sbfunc.validation import check_int
@@ -83,8 +84,11 @@ class TrainStep(CompilableStep):
         *,
         per_sample: PerSample = None,
         replicas: Replicas = ONE_PROCESS,
+        precision: Precision = "fp32",
     ) -> None:
         super().__init__()
+        self.precision = precision
+        self.scales_loss = scales_loss(optimizer)  # dynamic_loss_scale: scale the loss
         self.replicas = replicas
         self.microbatching = microbatching
         self.per_sample = per_sample
@@ -98,7 +102,7 @@ class TrainStep(CompilableStep):
         self.planner = Planner(self.algorithms, self.passes, BATCH_EVENTS)
         self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
         self.leaves = self.planner.leaves
-        self.objective = Objective(loss_fn, per_sample, nonfinite != "allow")
+        self.objective = Objective(loss_fn, per_sample, nonfinite != "allow", AUTOCAST[precision])
         self.writes = in_step(staged=isinstance(loss_fn, ModuleLoss))
         self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
 
@@ -216,7 +220,7 @@ class TrainStep(CompilableStep):
         grads = grads if context.grads is None else context.grads
         updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
         new = (apply_updates(context.params, updates), opt_state, context.buffers)
-        old = (context.params, context.opt_state, state.buffers)
+        old = (context.params, opt_state_on_skip(opt_state, context.opt_state), state.buffers)
         finite, (params, opt_state, buffers) = self.guard.keep(loss, grads, apply, new, old)
         context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
         carry = advance_time(carry._replace(context=context))
@@ -255,9 +259,11 @@ class TrainStep(CompilableStep):
         self, plan: StepPlan, carry: Carry, fire: Fire, ok: torch.Tensor | None
     ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
         """Forward, loss and gradients of the kept rows, chunk by chunk with microbatching
-        (:func:`~sbfunc.step.microbatch.accumulate`): ``(carry, grads, loss, used, rows)``."""
+        (:func:`~sbfunc.step.microbatch.accumulate`): ``(carry, grads, loss, used, rows)``;
+        with a loss scale, the gradients of the scaled loss, divided by the scale."""
         inside = any(self.planner.planned(plan.events, e) for e in INSIDE_EVENTS)
-        return accumulate(
+        scale = loss_scale(carry.context.opt_state) if self.scales_loss else None
+        carry, grads, loss, used, rows = accumulate(
             self.objective,
             fire,
             carry,
@@ -266,7 +272,9 @@ class TrainStep(CompilableStep):
             inside=inside,
             model_key=self._model_key if self.keyed_model else None,
             ok=ok,
+            scale=scale,
         )
+        return carry, grads if scale is None else unscale(grads, scale), loss, used, rows
 
     def _no_update(
         self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor

@@ -2,19 +2,14 @@
 (tensors without data): no host read and no device mix anywhere in the step, eagerly, with
 and without microbatching (docs/how-to/compile.md lists the places that do read)."""
 
-import optree
 import pytest
 import torch
 
 import sbfunc
 from sbfunc import random as sbrandom
 from tests.algorithms.test_registry import CASES, ImageNet, TokenNet, _data, _loss, _sb
-
-META = torch.device("meta")
-
-
-def _meta(tree):
-    return optree.tree_map(lambda x: x.to(META) if isinstance(x, torch.Tensor) else x, tree)
+from tests.meta import META, all_meta
+from tests.meta import to_meta as _meta
 
 
 @pytest.mark.parametrize("microbatch_size", [None, 3])
@@ -32,5 +27,4 @@ def test_a_step_with_the_algorithm_never_reads_the_device(name, microbatch_size)
     for batch in _data(case.kind)[:2]:
         state, metrics = step(state, _meta(batch))
     assert "SelectiveBackprop" in {t.name for t in metrics.traces}  # SB selected
-    leaves = [x for x in optree.tree_leaves(state) if isinstance(x, torch.Tensor)]
-    assert all(x.device == META for x in leaves)
+    assert all_meta(state)

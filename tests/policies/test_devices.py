@@ -2,17 +2,16 @@
 raises there, exactly where an accelerator would sync or fail. Fixed-count rules run end to
 end; variable-size ones read the kept count at one place only (docs/how-to/compile.md)."""
 
-import traceback
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import sbfunc
 from sbfunc import random as sbrandom
+from tests.meta import META, sync_site
+from tests.meta import empty as _meta
 from tests.policies.test_registry import POLICIES
 
-META = torch.device("meta")
 SYNC_FREE = {"rank_power", "top_k", "random", "loshchilov", "rho_loss", "grad_norm_fixed"}
 # variable-size selections: the one shape read, by file and function
 SYNCS_AT = {
@@ -25,16 +24,6 @@ SYNCS_AT = {
 }
 # inside Selective Backprop, loss reuse scores a data-dependent subset of rows
 REUSE_SYNCS_AT = ("policies/apply.py", "score_needed")
-
-
-def _meta(*shape, dtype=torch.float32):
-    return torch.empty(*shape, dtype=dtype, device=META)
-
-
-def _sync_site(error: BaseException) -> tuple[str, str]:
-    """The innermost sbfunc frame of ``error``: where the host read happened."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if "/sbfunc/" in f.filename]
-    return frames[-1].filename.split("sbfunc/")[-1], frames[-1].name
 
 
 def _select_twice(name):
@@ -67,7 +56,7 @@ def test_fixed_count_policies_never_read_the_device(name):
 def test_variable_size_policies_read_only_the_kept_count(name):
     with pytest.raises(NotImplementedError, match="nonzero") as error:
         _select_twice(name)
-    assert _sync_site(error.value) == SYNCS_AT[name]
+    assert sync_site(error.value) == SYNCS_AT[name]
 
 
 @pytest.mark.parametrize("name", sorted(n for n in POLICIES if POLICIES[n]().record is not None))
@@ -108,4 +97,4 @@ def test_a_selective_backprop_step_syncs_only_where_documented(name):
         return
     with pytest.raises(NotImplementedError, match="nonzero") as error:
         _sb_step(name)
-    assert _sync_site(error.value) == (REUSE_SYNCS_AT if reuses else SYNCS_AT[name])
+    assert sync_site(error.value) == (REUSE_SYNCS_AT if reuses else SYNCS_AT[name])

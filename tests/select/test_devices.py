@@ -1,0 +1,54 @@
+"""Every function of :mod:`sbfunc.select` (and the samplers the policies share) on the
+``meta`` device (tensors without data: a host read or a device mix raises there), for every
+score dtype: none reads the device. ``kept_count`` is host arithmetic on a shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc import select
+from sbfunc.select import base, samplers
+from tests.meta import META, empty
+
+N, K = 10, 4
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64]
+NOISE = {  # how ties are broken: a key, given noise, or by position
+    "key": lambda: {"key": sbrandom.key(0).to(META)},
+    "tie_noise": lambda: {"tie_noise": empty(N, dtype=torch.int64)},
+    "position": lambda: {},
+}
+
+
+def _run_all(scores: torch.Tensor, noise: dict) -> dict[str, torch.Tensor]:
+    """Every tensor function of the package on ``scores``."""
+    log_w = select.rank_power_log_weights(select.ranks(scores, **noise), 0.5)
+    gumbel = sbrandom.gumbel(sbrandom.key(1).to(META), (N,))
+    return {
+        "ranks": select.ranks(scores, **noise),
+        "ascending_order": base.ascending_order(scores, noise.get("tie_noise")),
+        "nonfinite_lowest": select.nonfinite_lowest(scores),
+        "rank_power_log_weights": log_w,
+        "gumbel_top_k": select.gumbel_top_k(log_w, K, gumbel),
+        "sorted_unique": samplers.sorted_unique(empty(K, dtype=torch.int64), N),
+        "rank_power_indices": samplers.rank_power_indices(
+            scores, 0.5, empty(N, dtype=torch.int64), empty(N)
+        ),
+    }
+
+
+def test_every_public_name_is_covered():
+    host = {"kept_count", "Selection"}  # Python ints from a shape; a NamedTuple of tensors
+    assert set(select.__all__) - host <= _run_all(empty(N), {}).keys()
+    assert select.kept_count(N, 0.5) == 5
+
+
+@pytest.mark.parametrize("noise", sorted(NOISE))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_every_selection_function_stays_on_the_device(dtype, noise):
+    out = _run_all(empty(N, dtype=dtype), NOISE[noise]())
+    for name, t in out.items():
+        assert t.device == META, name
+    assert out["ranks"].shape == (N,) and out["gumbel_top_k"].shape == (K,)
+    assert out["rank_power_indices"].shape == (select.kept_count(N, 0.5),)

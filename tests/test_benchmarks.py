@@ -1,0 +1,71 @@
+"""The benchmark harness: ``benchmarks/gpu.py --device cpu --quick`` runs to its tables (the CI
+smoke run of the GPU benchmark), and the shared pieces it is built from behave."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _models import resnet18  # noqa: E402
+from _steps import hand_runner  # noqa: E402
+from _timing import interleaved  # noqa: E402
+
+NO_PRECISION = "precision= not available"  # the one documented FAILED row (gpu.py)
+
+
+@pytest.mark.slow  # about 50 s on 2 shared cores
+def test_gpu_benchmark_quick_cpu_smoke(tmp_path):
+    out = tmp_path / "gpu.md"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,  # only stops a hung run
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    text = out.read_text()
+    assert text.startswith("## GPU benchmark: ")
+    head = "| row | ms/step median [IQR] | vs loop [IQR] | vs hand compiled [IQR] | peak MiB |"
+    assert text.count(head) == 4  # two models x two precisions
+    assert "| quantity | method | ms/call median [IQR] | vs sbfunc [IQR] | peak MiB |" in text
+    for row in ("torch.optim loop", "hand compiled plain", "sbfunc compile() plain"):
+        assert re.search(rf"^\| {re.escape(row)} \| \d", text, re.M), row
+    failed = [ln for ln in text.splitlines() if "FAILED" in ln and NO_PRECISION not in ln]
+    assert not failed, failed
+    assert proc.stdout.strip().endswith(text.strip().splitlines()[-1])
+
+
+def test_interleaved_syncs_around_every_timed_block():
+    calls = []
+    fns = {"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}
+    t = interleaved(fns, 3, 2, warmup=1, sync=lambda: calls.append("sync"))
+    assert {k: len(v) for k, v in t.items()} == {"a": 3, "b": 3}
+    assert calls[:2] == ["a", "b"]  # warm-up: no syncs
+    assert calls[2:6] == ["sync", "a", "a", "sync"]
+    assert calls.count("sync") == 2 * 3 * 2
+
+
+def test_resnet18_is_resnet18_sized():
+    assert sum(p.numel() for p in resnet18().parameters()) == 11_173_962
+    assert resnet18(width=2)(torch.randn(3, 3, 8, 8)).shape == (3, 10)
+    with pytest.raises(ValueError, match="width"):
+        resnet18(width=0)
+
+
+def test_hand_step_with_batchnorm_leaves_the_module_alone():
+    torch.manual_seed(0)
+    model = resnet18(width=2)
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    advance = hand_runner(model, "rank-power", False, 4, precision="amp_bf16")
+    for _ in range(2):
+        advance((torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))))
+    for n, b in model.named_buffers():
+        torch.testing.assert_close(b, before[n], msg=n)
