@@ -117,11 +117,12 @@ def main() -> None:
         view = sbfunc.Context(state.key, params, buffers, batch=(x, y))
 
         def dispatch(step=step, state=state):
-            plan = step.plan(state, (x, y))  # match on the host + the time tensors
-            context = Context(None, params, buffers, state.opt_state, plan.time, batch=(x, y))
+            plan = step.plan(state, (x, y))  # match on the host + the packed time
+            time = None if plan.clock is None else plan.clock.time(state.time)
+            context = Context(None, params, buffers, state.opt_state, time, batch=(x, y))
             carry = Carry.start(state, context, len(step.leaves))
-            if plan.time is not None:
-                carry = carry._replace(step_key=step_key(state.key, plan.time.step))
+            if time is not None:
+                carry = carry._replace(step_key=step_key(state.key, time.step))
             for event in BATCH_EVENTS:
                 planned = step.planner.planned(plan.events, event)
                 if planned:

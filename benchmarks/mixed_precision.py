@@ -14,7 +14,8 @@ step about 24x slower at the quickstart's width 128 (3.2 s against 0.13 s), so t
 takes about half an hour there; on a GPU or a CPU with bfloat16 units it is the other way.
 
 Run: ``python benchmarks/mixed_precision.py`` (``--quick`` for a smoke run, a narrow CNN;
-``--seeds``, ``--epochs``, ``--samples`` and ``--threads`` to change the defaults).
+``--seeds``, ``--epochs``, ``--samples``, ``--width`` and ``--threads`` to change the
+defaults).
 """
 
 from __future__ import annotations
@@ -101,15 +102,16 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs (default 8)")
     parser.add_argument("--samples", type=int, default=None, help="MNIST-1D size (5000)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--width", type=int, default=None, help="CNN width (default 128)")
     args = parser.parse_args()
-    for name in ("seeds", "threads", "epochs", "samples"):
+    for name in ("seeds", "threads", "epochs", "samples", "width"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     torch.set_num_threads(args.threads)
     epochs = args.epochs or (1 if args.quick else 8)
     samples = args.samples or (700 if args.quick else 5000)
-    width = 16 if args.quick else quickstart.WIDTH  # quick: a narrow CNN, a smoke run
+    width = args.width or (16 if args.quick else quickstart.WIDTH)  # quick: a narrow CNN
     repeats, inner = (2, 1) if args.quick else (15, 5)
     data = sbfunc.datasets.mnist1d(samples)
     rows = data.x_train.shape[0]

@@ -90,7 +90,10 @@ class Time(NamedTuple):
             dtype=torch.int64,
             device=device,
         ).unbind()
-        zero = ints[0].new_zeros(())
+        skipped, bad = self.updates_skipped, self.rows_nonfinite
+        if skipped is None or bad is None:  # a hand-made Time: count from zero
+            zero = ints[0].new_zeros(())
+            skipped, bad = (zero if v is None else v for v in (skipped, bad))
         return Time(
             ints[0],
             ints[1],
@@ -98,9 +101,9 @@ class Time(NamedTuple):
             torch.tensor(self.elapsed, dtype=torch.float32, device=device),
             ints[3],
             ints[4],
-            zero if self.updates_skipped is None else self.updates_skipped,
+            skipped,
             None if self.total_steps is None else ints[5],
-            zero if self.rows_nonfinite is None else self.rows_nonfinite,
+            bad,
         )
 
     def advanced(self, *, forwarded: int, backpropagated: int) -> Time:

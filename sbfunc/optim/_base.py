@@ -4,6 +4,7 @@ the transforms share."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -272,17 +273,38 @@ def by_group(
     tree's keys (one foreach call per group keeps torch's fast multi-tensor path); each of the
     ``outputs`` lists ``fn`` returns becomes a dict keyed like the first tree (an empty list:
     an empty dict)."""
-    by: dict[tuple[torch.device, torch.dtype], list[str]] = {}
-    for k, t in trees[0].items():
-        by.setdefault((t.device, t.dtype), []).append(k)
+    layout = tuple([(k, t.device, t.dtype) for k, t in trees[0].items()])
+    groups = _grouped(layout) if torch.compiler.is_compiling() else _memo_grouped(layout)
+    if len(groups) == 1:  # one device and dtype (the common case): the dicts in one go
+        keys = groups[0]
+        results = fn(*([tree[k] for k in keys] for tree in trees))
+        return tuple(
+            dict(zip(keys, r, strict=False)) for _, r in zip(range(outputs), results, strict=True)
+        )
     outs: tuple[dict[str, torch.Tensor], ...] = tuple({} for _ in range(outputs))
-    for keys in by.values():
+    for keys in groups:
         results = fn(*([tree[k] for k in keys] for tree in trees))
         for d, r in zip(outs, results, strict=True):
             d.update(zip(keys, r, strict=False))
-    if len(by) < 2:
+    if len(groups) < 2:
         return outs
     return tuple({k: d[k] for k in trees[0] if k in d} for d in outs)
+
+
+_Layout = tuple[tuple[str, torch.device, torch.dtype], ...]
+
+
+def _grouped(layout: _Layout) -> tuple[tuple[str, ...], ...]:
+    """The keys of a tree's ``layout`` (key, device, dtype per entry) by (device, dtype)."""
+    by: dict[tuple[torch.device, torch.dtype], list[str]] = {}
+    for k, device, dtype in layout:
+        by.setdefault((device, dtype), []).append(k)
+    return tuple(tuple(keys) for keys in by.values())
+
+
+# Eagerly, :func:`by_group` runs twice a step on the same few layouts: remember the last ones
+# (names, devices and dtypes only, never a tensor; a bounded cache).
+_memo_grouped = functools.lru_cache(maxsize=32)(_grouped)
 
 
 def host_readable(t: torch.Tensor) -> bool:

@@ -12,6 +12,7 @@ from sbfunc import random as sbrandom
 from sbfunc.batch import Field, PerSample, batch_size, extract, take
 from sbfunc.policies.base import Policy, PolicyState, check_scores
 from sbfunc.score.losses import batch_device
+from sbfunc.select.base import finite_entries
 
 __all__ = ["Pruned", "apply_policy", "score_needed", "unscorable_dropped"]
 
@@ -203,9 +204,9 @@ def unscorable_dropped(
         >>> unscorable_dropped(scores, fresh, torch.tensor([3]), finite=finite)
         tensor(2)
     """
-    bad = ~scores.isfinite()
+    bad = ~finite_entries(scores)
     if scored is not None:
         bad = bad & scored
     if finite is not None:
         bad = bad | ~finite.to(bad.device)
-    return bad.sum() - bad.index_select(0, kept.to(bad.device)).sum()
+    return bad.index_fill(0, kept.to(bad.device), False).sum()  # the bad rows not kept

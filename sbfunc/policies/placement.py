@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 import torch
 import torch.utils._pytree as torch_pytree
 
+from sbfunc.types import EmptyState
+
 __all__ = ["follow", "following"]
 
 S = TypeVar("S")
@@ -30,7 +32,7 @@ def follow(state: S, like: torch.Tensor | None) -> S:
         >>> follow((torch.zeros(2), 3), torch.empty(1, device="meta"))[0].device
         device(type='meta')
     """
-    if like is None:
+    if like is None or type(state) is EmptyState:  # nothing to move (a stateless policy)
         return state
     device = like.device
 

@@ -9,13 +9,26 @@ any device (one fused kernel under ``torch.compile``).
 
 from __future__ import annotations
 
+import array
+import functools
 import math
+import sys
 from collections.abc import Sequence
 from typing import Union
 
 import torch
 
-__all__ = ["MASK", "Word", "block", "counters", "host_words", "normalize_shape", "words"]
+__all__ = [
+    "MASK",
+    "Word",
+    "block",
+    "counters",
+    "host_blocks",
+    "host_key_words",
+    "host_words",
+    "normalize_shape",
+    "words",
+]
 
 Word = Union[int, torch.Tensor]  # noqa: UP007 (a runtime alias: py3.10 `int | Tensor` is fine too)
 """A 32-bit word: a Python int or an int64 tensor of values in ``[0, 2**32)``."""
@@ -78,6 +91,53 @@ def _host_block(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
     return x0, x1
 
 
+_LANE = 64  # bits per lane of host_blocks' packed ints: a 32-bit word and room for carries
+
+
+def host_blocks(k0: int, k1: int, n: int) -> list[tuple[int, int]]:
+    """:func:`block` under the key ``(k0, k1)`` of the counters ``(0, i)`` for ``i < n``, all
+    ``n`` at once on Python ints: the counters are packed into one int, a word per 64-bit
+    lane, and the cipher runs once on the packed int (SIMD within a register). Every lane sum
+    stays below ``2**34`` and every shifted word below ``2**61``, so no lane spills into the
+    next, and each lane's words are exactly :func:`block`'s. A batch's worth of draws costs
+    about two blocks instead of ``n``.
+
+    Example:
+        >>> from sbfunc.random._threefry import block, host_blocks
+        >>> host_blocks(0, 42, 2) == [block(0, 42, 0, 0), block(0, 42, 0, 1)]
+        True
+    """
+    if n <= 1:
+        return [_host_block(k0, k1, 0, 0)] if n == 1 else []
+    ones, index = _packed_counters(n)
+    mask = MASK * ones
+    ks = (k0 * ones, k1 * ones, (k0 ^ k1 ^ _PARITY) * ones)
+    x0 = ks[0]
+    x1 = (index + ks[1]) & mask
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & mask
+            x1 = (((x1 << r) | (x1 >> (32 - r))) & mask) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & mask
+        x1 = (x1 + ks[(i + 2) % 3] + (i + 1) * ones) & mask
+    size = n * _LANE // 8
+    return list(zip(_lanes(x0, size), _lanes(x1, size), strict=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_counters(n: int) -> tuple[int, int]:
+    """``(ones, index)``: 1 in each of ``n`` lanes, and lane ``i`` holding ``i`` (two ints)."""
+    return sum(1 << (_LANE * i) for i in range(n)), sum(i << (_LANE * i) for i in range(n))
+
+
+def _lanes(packed: int, size: int) -> array.array[int]:
+    """The 64-bit lanes of ``packed`` (``size`` bytes), lowest lane first."""
+    out = array.array("Q", packed.to_bytes(size, "little"))
+    if sys.byteorder == "big":
+        out.byteswap()
+    return out
+
+
 def host_words(t: torch.Tensor) -> bool:
     """Whether the words of the CPU tensor ``t`` may be read as Python ints right now.
 
@@ -87,19 +147,24 @@ def host_words(t: torch.Tensor) -> bool:
     """
     return (
         type(t) is torch.Tensor
-        and t.device.type == "cpu"
+        and t.is_cpu  # (cheaper than t.device.type: it makes no device object)
         and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
+        and not torch._C._is_tracing()  # torch.jit.is_tracing() outside TorchScript
         and torch._C._functorch.peek_interpreter_stack() is None
     )
+
+
+def host_key_words(k: torch.Tensor) -> tuple[int, int]:
+    """The two words of key ``k`` as Python ints (the caller checked :func:`host_words`)."""
+    w0, w1 = k.tolist()
+    return w0 & MASK, w1 & MASK
 
 
 def words(k: torch.Tensor, device: torch.device | None = None) -> tuple[Word, Word]:
     """The two words of key ``k``: Python ints when :func:`host_words`, else int64 tensors on
     ``device`` (default: the key's device)."""
     if host_words(k):
-        w0, w1 = k.tolist()
-        return w0 & MASK, w1 & MASK
+        return host_key_words(k)
     if device is not None and k.device != device:
         k = k.to(device)
     return k[0], k[1]

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from sbfunc.random._threefry import MASK, Word, block, counters, host_words, words
+from sbfunc.random._threefry import (
+    MASK,
+    Word,
+    block,
+    counters,
+    host_blocks,
+    host_key_words,
+    host_words,
+    words,
+)
 from sbfunc.types import Key
 from sbfunc.validation import check_int
 
@@ -139,8 +148,7 @@ def split(k: Key, num: int = 2) -> torch.Tensor:
     k = check_key(k, "k")
     num = check_int(num, "num", low=1)
     if num <= _HOST_SPLIT_MAX and host_words(k):
-        w0, w1 = words(k)
-        rows = [block(w0, w1, 0, i) for i in range(num)]
+        rows = host_blocks(*host_key_words(k), num)
         return torch.tensor(rows, dtype=torch.int64, device=k.device)
     hi, lo = counters((num,), k.device)
     return _derive(k, hi, lo)
@@ -179,19 +187,20 @@ def fold_in(k: Key, data: int | torch.Tensor) -> Key:
         1, 2, 3".
     """
     k = check_key(k, "k")
+    host = host_words(k)
     if isinstance(data, torch.Tensor):
         if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
             raise TypeError(f"data must be an int or an integer tensor, got {_describe(data)}")
         if data.dim() != 0:
             raise ValueError(f"data must be a 0-d tensor, got shape {tuple(data.shape)}")
-        if host_words(k) and host_words(data):
+        if host and host_words(data):
             data = int(data)
         else:
             d = data.to(device=k.device, dtype=torch.int64)
             return _derive(k, (d >> 32) & MASK, d & MASK)
     data = check_int(data, "data")
-    if host_words(k):
-        w0, w1 = words(k)
+    if host:
+        w0, w1 = host_key_words(k)
         return torch.tensor(
             block(w0, w1, (data >> 32) & MASK, data & MASK), dtype=torch.int64, device=k.device
         )

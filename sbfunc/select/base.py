@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc.random._threefry import host_words
 from sbfunc.validation import check_fraction
 
 __all__ = ["Selection", "check_keep", "kept_count", "nonfinite_lowest", "ranks"]
@@ -124,13 +125,43 @@ def nonfinite_lowest(scores: torch.Tensor) -> torch.Tensor:
     """
     if not scores.dtype.is_floating_point:
         return scores
-    return torch.where(scores.isfinite(), scores, -torch.inf)
+    return torch.where(finite_entries(scores), scores, -torch.inf)
+
+
+def finite_entries(t: torch.Tensor) -> torch.Tensor:
+    """``torch.isfinite(t)`` in two elementwise ops instead of its four (``abs``, ``ne``,
+    ``eq``, ``mul``): ``t - t`` is exactly 0 for every finite value and NaN for NaN and
+    ``±inf``. Every eager op is a kernel launch on an accelerator; under ``torch.compile``
+    (which fuses either form) it is ``torch.isfinite`` itself.
+
+    Example:
+        >>> from sbfunc.select.base import finite_entries
+        >>> finite_entries(torch.tensor([1.0, float("nan"), -float("inf"), -0.0]))
+        tensor([ True, False, False,  True])
+    """
+    if torch.compiler.is_compiling() or not (t.dtype.is_floating_point or t.dtype.is_complex):
+        return torch.isfinite(t)
+    return (t - t) == 0
+
+
+def finite_split(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | int]:
+    """``(nonfinite_lowest(scores), count)``, the scores with every non-finite one replaced by
+    ``-inf`` and how many there are (a 0-d ``int64`` tensor), from one finiteness mask. The
+    int 0 when no score can be non-finite (an integer dtype), or eagerly on the CPU when
+    reading the mask shows that none is: the scores come back as they are then, and the
+    callers skip the selects that place non-finite rows (the common case)."""
+    if not scores.dtype.is_floating_point:
+        return scores, 0
+    finite = finite_entries(scores)
+    if host_words(finite) and bool(finite.all()):
+        return scores, 0
+    return torch.where(finite, scores, -torch.inf), (~finite).sum()
 
 
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:
-    """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0;
-    every non-finite value equals -inf."""
-    x = nonfinite_lowest(scores.to(torch.float32)) + 0.0
+    """Map float32 values to int64 with the same order (IEEE-754 bit trick); -0.0 == 0.0.
+    ``scores`` must hold no NaN or ``+inf`` (:func:`nonfinite_lowest`: the caller's)."""
+    x = scores.to(torch.float32) + 0.0
     bits = x.view(torch.int32)
     return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
 
@@ -199,10 +230,15 @@ def ascending_order(scores: torch.Tensor, tie_noise: torch.Tensor | None) -> tor
     References:
         Herf 2001, "Radix Tricks" (the order-preserving float-to-integer bit map).
     """
-    scores = nonfinite_lowest(scores)
+    return ascending_lowest(nonfinite_lowest(scores), tie_noise)
+
+
+def ascending_lowest(lowest: torch.Tensor, tie_noise: torch.Tensor | None) -> torch.Tensor:
+    """:func:`ascending_order` of scores whose non-finite entries are ``-inf`` already
+    (:func:`nonfinite_lowest`, :func:`finite_split`)."""
     if tie_noise is None:
-        return torch.argsort(scores, stable=True)
-    if scores.dtype in _EXACT_IN_FLOAT32:  # one sort of a packed (score, noise) int64 key
-        return torch.argsort(_monotone_int(scores) * 2**32 + tie_noise, stable=True)
+        return torch.argsort(lowest, stable=True)
+    if lowest.dtype in _EXACT_IN_FLOAT32:  # one sort of a packed (score, noise) int64 key
+        return torch.argsort(_monotone_int(lowest) * 2**32 + tie_noise, stable=True)
     perm = torch.argsort(tie_noise, stable=True)
-    return perm[torch.argsort(scores[perm], stable=True)]
+    return perm[torch.argsort(lowest[perm], stable=True)]

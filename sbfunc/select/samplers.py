@@ -7,32 +7,43 @@ non-finite score (or log-weight) come after every finite one, in a random order.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.select.base import ascending_order, check_keep, kept_count
+from sbfunc.random._threefry import host_words
+from sbfunc.select.base import (
+    ascending_lowest,
+    check_keep,
+    finite_entries,
+    finite_split,
+    kept_count,
+)
 
 __all__ = ["gumbel_top_k", "rank_power_log_weights"]
 
 
 def sorted_unique(indices: torch.Tensor, n: int) -> torch.Tensor:
-    """Unique indices into ``[0, n)`` in ascending order: a mask and its nonzero entries, which
-    is cheaper than a sort; ``nonzero_static`` keeps the shape static (no sync, no graph
-    break under ``torch.compile``)."""
+    """``indices``, unique indices into ``[0, n)``, in ascending order. Compiled: a mask and
+    its nonzero entries, which fuse into cheaper kernels than a sort; ``nonzero_static`` keeps
+    the shape static (no sync, no graph break). Eagerly, where every op is a kernel launch:
+    one sort instead of those five ops (the same values, the indices being unique)."""
+    if not torch.compiler.is_compiling():
+        return torch.sort(indices).values
     mask = torch.zeros(n, dtype=torch.bool, device=indices.device)
     mask[indices] = True
     return torch.nonzero_static(mask, size=indices.shape[0]).reshape(-1)
 
 
-def _nonfinite_count(scores: torch.Tensor) -> torch.Tensor | int:
-    return (~scores.isfinite()).sum() if scores.dtype.is_floating_point else 0
-
-
-def _perturbed(log_weights: torch.Tensor, gumbel: torch.Tensor) -> torch.Tensor:
+def _perturbed(
+    log_weights: torch.Tensor, gumbel: torch.Tensor, ok: torch.Tensor | None = None
+) -> torch.Tensor:
     """``log_weights + gumbel``, with the rows of non-finite log-weight placed below every
-    other row and ordered among themselves by their noise alone."""
+    other row and ordered among themselves by their noise alone; ``ok``: the rows of finite
+    log-weight, when the caller knows them (otherwise read from ``log_weights``)."""
     drawn = log_weights + gumbel
-    ok = log_weights.isfinite()
+    ok = finite_entries(log_weights) if ok is None else ok
     lowest = torch.where(ok, drawn, torch.inf).amin()
     lowest = torch.where(ok.any(), lowest, 0.0)
     return torch.where(ok, drawn, lowest - 1.0 - (gumbel.amax() - gumbel))
@@ -108,30 +119,60 @@ def rank_power_indices(
         tensor([1, 3])
     """
     n = scores.shape[0]
-    k = kept_count(n, keep)
-    position = torch.arange(n, device=scores.device)
     # In sorted order position j has rank j: draw positions there (the Gumbel noise is i.i.d.,
     # so which row carries which draw does not change the law) and map them back. The
     # non-finite scores sort first; their weight is 0.
-    order = ascending_order(scores, tie_noise)
+    lowest, nonfinite = finite_split(scores)
+    order = ascending_lowest(lowest, tie_noise)
+    keys = _rank_power_keys(n, keep, nonfinite, sbrandom.gumbel_from_uniform(u))
+    return sorted_unique(order[torch.topk(keys, kept_count(n, keep), sorted=False).indices], n)
+
+
+# Below this exponent every rank-power log-weight is finite in float32: |log((r + 0.5) / N)| is
+# at most log(2N) < 50 for any N below 2**70, and 1e36 * 50 < float32's max (3.4e38).
+_FINITE_LOG_WEIGHTS = 1e36
+
+
+def _rank_power_keys(
+    n: int, keep: float, nonfinite: torch.Tensor | int, gumbel: torch.Tensor
+) -> torch.Tensor:
+    """The perturbed log-weights of the ``n`` sorted positions, the first ``nonfinite`` of
+    which (the non-finite scores) have weight 0."""
+    finite_weights = 1.0 / keep - 1.0 <= _FINITE_LOG_WEIGHTS
+    if finite_weights and isinstance(nonfinite, int):  # every score finite: just add
+        if host_words(gumbel):
+            return _host_log_weights(n, keep) + gumbel
+        return rank_power_log_weights(torch.arange(n, device=gumbel.device), keep) + gumbel
+    position = torch.arange(n, device=gumbel.device)
     log_w = rank_power_log_weights(position, keep)
-    log_w = torch.where(position < _nonfinite_count(scores), -torch.inf, log_w)
-    keys = _perturbed(log_w, sbrandom.gumbel_from_uniform(u))
-    return sorted_unique(order[torch.topk(keys, k, sorted=False).indices], n)
+    if finite_weights:  # the first `nonfinite` positions are exactly the -inf log-weights
+        return _perturbed(log_w, gumbel, position >= nonfinite)
+    return _perturbed(torch.where(position < nonfinite, -torch.inf, log_w), gumbel)
+
+
+@functools.lru_cache(maxsize=16)
+def _host_log_weights(n: int, keep: float) -> torch.Tensor:
+    """``rank_power_log_weights(arange(n), keep)`` on the CPU, made once per ``(n, keep)``: a
+    constant of the draw, six ops a step otherwise. Only read, never handed out."""
+    return rank_power_log_weights(torch.arange(n, device="cpu"), keep)
 
 
 def top_k_indices(scores: torch.Tensor, k: int, tie_noise: torch.Tensor | None) -> torch.Tensor:
     """The ``k`` highest finite scores (then non-finite ones, to fill ``k``), ties broken by
     ``tie_noise`` (by position when ``None``), as sorted indices."""
     n = scores.shape[0]
-    order = ascending_order(-scores, tie_noise)  # non-finite first, then the highest scores
-    shift = (torch.arange(n, device=scores.device) + _nonfinite_count(scores)) % max(n, 1)
-    return sorted_unique(order[shift][:k], n)
+    lowest, nonfinite = finite_split(-scores)
+    order = ascending_lowest(lowest, tie_noise)  # non-finite first, then the highest scores
+    if not isinstance(nonfinite, int):  # skip the non-finite rows (then wrap around to them)
+        order = order[(torch.arange(n, device=scores.device) + nonfinite) % max(n, 1)]
+    return sorted_unique(order[:k], n)
 
 
 def random_indices(scores: torch.Tensor, k: int, u: torch.Tensor) -> torch.Tensor:
     """A uniformly random ``k`` of the rows with a finite score (then of the others, to fill
     ``k``), from uniform noise ``u``, as sorted indices."""
     if scores.dtype.is_floating_point:
-        u = torch.where(scores.isfinite(), u, u - 1.0)
+        finite = finite_entries(scores)
+        if not (host_words(finite) and bool(finite.all())):  # eagerly: skip a no-op select
+            u = torch.where(finite, u, u - 1.0)
     return sorted_unique(torch.topk(u, k, sorted=False).indices, scores.shape[0])

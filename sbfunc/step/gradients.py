@@ -20,6 +20,7 @@ from torch.func import grad_and_value
 
 from sbfunc.optim._finite import all_finite as tensors_all_finite
 from sbfunc.optim._finite import keep_if_finite
+from sbfunc.select.base import finite_entries
 from sbfunc.types import Params
 
 __all__ = [
@@ -183,7 +184,7 @@ def all_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
     if torch.compiler.is_compiling():
         flags = [torch.isfinite(loss).all(), *(torch.isfinite(g).all() for g in grads.values())]
         return torch.stack(flags).all()
-    return tensors_all_finite(grads.values(), finite=torch.isfinite(loss))
+    return tensors_all_finite(grads.values(), finite=finite_entries(loss))
 
 
 def check_losses(losses: Any, n: int) -> None:

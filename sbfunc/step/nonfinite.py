@@ -17,6 +17,7 @@ import torch
 
 from sbfunc.batch import _flat_tensors
 from sbfunc.rows import PerSample, walk
+from sbfunc.select.base import finite_entries
 
 __all__ = ["finite_rows", "zero_rows"]
 
@@ -43,7 +44,7 @@ def finite_rows(batch: Any, *, per_sample: PerSample = None) -> torch.Tensor | N
     found: list[torch.Tensor] = []
 
     def check(leaf: torch.Tensor) -> None:
-        finite = torch.isfinite(leaf)
+        finite = finite_entries(leaf)
         found.append(finite.flatten(1).all(1) if leaf.dim() > 1 else finite)
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:

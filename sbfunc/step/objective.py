@@ -22,6 +22,7 @@ from sbfunc.engine import Context, Event, Time
 from sbfunc.engine.run import Carry
 from sbfunc.module import LossFn, ModuleLoss, Params
 from sbfunc.optim._finite import host_flag
+from sbfunc.select.base import finite_entries
 from sbfunc.step.gradients import (
     check_losses,
     detach_tensors,
@@ -142,7 +143,7 @@ class Objective(NamedTuple):
         not masking). Eagerly the loss's finiteness is read only when needed."""
         if not self.mask_nonfinite:
             return ok
-        finite = torch.isfinite(losses.detach())
+        finite = finite_entries(losses.detach())
         if ok is not None or not host_flag(finite.all()):
             return finite if ok is None else ok & finite
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 import torch
@@ -9,7 +10,7 @@ import torch
 from sbfunc.engine import Event, Time, Trace
 from sbfunc.engine.plan import Plan
 
-__all__ = ["BATCH_EVENTS", "CoreOutputs", "StepMetrics", "StepPlan"]
+__all__ = ["BATCH_EVENTS", "Clock", "CoreOutputs", "StepMetrics", "StepPlan"]
 
 BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
     Event.AFTER_DATALOADER,
@@ -60,17 +61,70 @@ class StepMetrics(NamedTuple):
     rows_nonfinite: torch.Tensor | None = None
 
 
+class Clock(NamedTuple):
+    """The step-start :class:`~sbfunc.Time` packed into one ``int64`` tensor: one
+    host-to-device copy a step, where :meth:`Time.as_tensors` makes two, and one input of the
+    compiled core instead of eight. :meth:`time` unpacks it, inside the core, into the same
+    0-d tensors :meth:`Time.as_tensors` makes (bit for bit: ``elapsed`` travels as its
+    float64 bits and is rounded to float32 as ``torch.tensor(elapsed, dtype=float32)`` does).
+
+    Attributes:
+        values: ``int64 Tensor[7]``: ``step``, ``epoch``, ``batch_in_epoch``,
+            ``samples_forwarded``, ``samples_backpropagated``, ``total_steps`` (``-1`` while
+            unknown) and the float64 bits of ``elapsed``.
+        total_known: whether ``total_steps`` is known (a host value: the core's structure).
+
+    Example:
+        >>> from sbfunc.step.records import Clock
+        >>> t = sbfunc.Time(step=7, elapsed=0.1, total_steps=70)
+        >>> Clock.of(t, "cpu").time(t) == t.as_tensors()
+        True
+    """
+
+    values: torch.Tensor
+    total_known: bool
+
+    @staticmethod
+    def of(time: Time, device: torch.device | str | None) -> Clock:
+        """``time``'s host numbers packed on ``device``."""
+        known = time.total_steps is not None
+        bits = struct.unpack("<q", struct.pack("<d", float(time.elapsed)))[0]
+        total = time.total_steps if known else -1
+        counts = (time.step, time.epoch, time.batch_in_epoch, time.samples_forwarded,
+                  time.samples_backpropagated, total, bits)  # fmt: skip
+        return Clock(torch.tensor(counts, dtype=torch.int64, device=device), known)
+
+    def time(self, host: Time) -> Time:
+        """The :class:`~sbfunc.Time` of 0-d tensors ``apply`` reads, with ``host``'s device
+        counters (``updates_skipped``, ``rows_nonfinite``; zeros where ``None``)."""
+        v = self.values.unbind()
+        zero = v[0].new_zeros(())
+        skipped, bad = host.updates_skipped, host.rows_nonfinite
+        return Time(
+            v[0],
+            v[1],
+            v[2],
+            v[6].view(torch.float64).to(torch.float32),
+            v[3],
+            v[4],
+            zero if skipped is None else skipped,
+            v[5] if self.total_known else None,
+            zero if bad is None else bad,
+        )
+
+
 class StepPlan(NamedTuple):
     """The host decisions of one step (see :meth:`TrainStep.plan`).
 
     Attributes:
         events: the planned applications of every per-batch event.
-        time: the step-start time as tensors (what ``apply`` reads), or ``None`` when no
-            algorithm and no model randomness needs it.
+        clock: the step-start time, packed (:class:`Clock`; the core unpacks it into the
+            tensors ``apply`` reads), or ``None`` when no algorithm and no model randomness
+            needs it.
     """
 
     events: Plan
-    time: Time | None
+    clock: Clock | None
 
 
 class CoreOutputs(NamedTuple):

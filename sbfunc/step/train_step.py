@@ -42,7 +42,7 @@ from sbfunc.step.compile import CompilableStep
 from sbfunc.step.guard import NonFinite, NonFiniteGuard, opt_state_on_skip
 from sbfunc.step.microbatch import Microbatching, accumulate
 from sbfunc.step.objective import AUTOCAST, INSIDE_EVENTS, Fire, Objective, Precision
-from sbfunc.step.records import BATCH_EVENTS, CoreOutputs, StepMetrics, StepPlan
+from sbfunc.step.records import BATCH_EVENTS, Clock, CoreOutputs, StepMetrics, StepPlan
 from sbfunc.step.replicas import ONE_PROCESS, Replicas, no_rows_here
 from sbfunc.validation import check_int
 
@@ -186,12 +186,12 @@ class TrainStep(CompilableStep):
         device = state.key.device
         if not self.leaves:
             return StepPlan(
-                self.planner.empty, time.as_tensors(device) if self.keyed_model else None
+                self.planner.empty, Clock.of(time, device) if self.keyed_model else None
             )
         after = time.advanced(forwarded=0, backpropagated=0)  # the counters after the update
         events = self.planner.decide(time, state.algorithm_state, after)
         need_time = self.keyed_model or bool(events)
-        return StepPlan(events, time.as_tensors(device) if need_time else None)
+        return StepPlan(events, Clock.of(time, device) if need_time else None)
 
     def core(self, plan: StepPlan, state: TrainState, batch: Any) -> tuple[Carry, CoreOutputs]:
         """The tensor work of one step under ``plan``: the carry (the new persistent values)
@@ -243,7 +243,7 @@ class TrainStep(CompilableStep):
     def _start(self, plan: StepPlan, state: TrainState, batch: Any) -> Carry:
         """The carry before the first event: no key until an algorithm is focused, no time
         when nothing reads it; every key of the step derives from the step-start time."""
-        time = plan.time
+        time = None if plan.clock is None else plan.clock.time(state.time)
         context = Context(
             cast(torch.Tensor, None),
             state.params,
