@@ -96,24 +96,35 @@ class NonFiniteGuard(NamedTuple):
             return (~used).sum()
         return None if self.mode == "allow" else like.new_zeros(())
 
-    def check(
-        self, out: CoreOutputs, unscorable: torch.Tensor | None, step: int, replicas: Replicas
-    ) -> CoreOutputs:
-        """On the host after the step: ``out`` with the rows a selection left out for a
-        non-finite score (``Context.rows_unscorable``) counted too, so they are warned about and
-        raised on like the masked ones (no sync); with ``"raise"``, raise for a skipped update
-        or a left-out row (reads the flags: a sync).
+    def count_rows(
+        self,
+        used: torch.Tensor | None,
+        like: torch.Tensor,
+        unscorable: torch.Tensor | None,
+        total: torch.Tensor | None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Inside the core: ``(this step's left-out rows, the run's count after it)``. The
+        step's count adds the rows a selection left out for a non-finite score
+        (``Context.rows_unscorable``) to :meth:`rows_left_out`'s, so they are warned about
+        and raised on like the masked ones; ``total`` is the run's count so far (``None``:
+        not kept)."""
+        bad = self.rows_left_out(used, like)
+        if bad is not None and unscorable is not None:
+            bad = bad + unscorable.to(bad.device)
+        if bad is None or total is None:
+            return bad, total
+        return bad, total + bad
+
+    def check(self, out: CoreOutputs, step: int, replicas: Replicas) -> None:
+        """On the host after the step: with ``"raise"``, raise for a skipped update or a
+        left-out row (reads the flags: a sync); otherwise nothing.
 
         Raises:
             FloatingPointError: with ``"raise"``, for a skipped update (on every rank when any
                 rank had rows) or for rows left out of it.
         """
-        counted = out.rows_nonfinite
-        if counted is not None and unscorable is not None:
-            out = out._replace(rows_nonfinite=counted + unscorable.to(counted.device))
         if self.mode == "raise":
             _raise_if_nonfinite(out, step, replicas)
-        return out
 
 
 def opt_state_on_skip(new: Any, old: Any) -> Any:

@@ -128,7 +128,11 @@ class StepPlan(NamedTuple):
 
 
 class CoreOutputs(NamedTuple):
-    """What the core returns beside the carry (read by ``finish``)."""
+    """What the core returns beside the carry (read by ``finish``): the step's metrics and
+    the run's device counters, all counted inside the core so ``finish`` runs no tensor
+    operation (``rows_nonfinite`` includes the rows a selection left out for a non-finite
+    score; ``rows_nonfinite_total`` is the run's count after this step, ``None`` when the
+    time keeps none)."""
 
     loss: torch.Tensor
     samples_in_batch: int
@@ -136,3 +140,4 @@ class CoreOutputs(NamedTuple):
     skipped: torch.Tensor
     updates_skipped: torch.Tensor
     rows_nonfinite: torch.Tensor | None
+    rows_nonfinite_total: torch.Tensor | None = None

@@ -207,7 +207,7 @@ class TrainStep(CompilableStep):
         carry, ok = self.guard.mask(carry)  # a corrupt row costs one row
         n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
         if n_kept == 0 and not self.replicas.collective:  # no row on any process
-            return self._no_update(carry, fire, n_in, skipped)
+            return self._no_update(carry, fire, n_in, skipped, state.time)
         if n_kept == 0:  # no row here, the other processes have some: contribute nothing
             carry, grads, loss, used, n_bwd = no_rows_here(carry, state.key.device)
         else:
@@ -225,8 +225,8 @@ class TrainStep(CompilableStep):
         context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
         carry = advance_time(carry._replace(context=context))
         carry = fire(Event.BATCH_END, fire(Event.AFTER_TRAIN_BATCH, carry))
-        bad = self.guard.rows_left_out(used, skipped)
-        return carry, CoreOutputs(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), bad)
+        bad = self._rows_left_out(carry, used, skipped, state.time)
+        return carry, CoreOutputs(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), *bad)
 
     def _firing(self, plan: StepPlan, root: torch.Tensor) -> Fire:
         """``fire(event, carry)``: apply the algorithms ``plan`` has for ``event``."""
@@ -277,16 +277,22 @@ class TrainStep(CompilableStep):
         return carry, grads if scale is None else unscale(grads, scale), loss, used, rows
 
     def _no_update(
-        self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor
+        self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor, time: Time
     ) -> tuple[Carry, CoreOutputs]:
         """No row left on any process: no update; the time advances, only ``BATCH_END``
         fires, and the step counts as skipped with a NaN loss."""
         carry = fire(Event.BATCH_END, advance_time(carry))
         nan = torch.full((), torch.nan, device=skipped.device)
         done = torch.ones((), dtype=torch.bool, device=skipped.device)
-        return carry, CoreOutputs(
-            nan, n_in, 0, done, skipped + 1, self.guard.rows_left_out(None, skipped)
-        )
+        bad = self._rows_left_out(carry, None, skipped, time)
+        return carry, CoreOutputs(nan, n_in, 0, done, skipped + 1, *bad)
+
+    def _rows_left_out(
+        self, carry: Carry, used: torch.Tensor | None, like: torch.Tensor, time: Time
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This step's left-out rows and the run's count after it (see ``NonFiniteGuard``)."""
+        unscorable = carry.context.rows_unscorable
+        return self.guard.count_rows(used, like, unscorable, time.rows_nonfinite)
 
     def _model_key(self, base: torch.Tensor) -> torch.Tensor:
         """The key the model's random operations (dropout) draw from in this step."""
@@ -298,16 +304,14 @@ class TrainStep(CompilableStep):
         """Advance the host clock and build the results. Excluded from ``torch.compile``;
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
         context = carry.context
-        out = self.guard.check(out, context.rows_unscorable, state.time.step, self.replicas)
-        scored = context.samples_scored
+        self.guard.check(out, state.time.step, self.replicas)
         time = state.time.advanced(
-            forwarded=out.samples_backpropagated + scored,
+            forwarded=out.samples_backpropagated + context.samples_scored,
             backpropagated=out.samples_backpropagated,
         )
-        rows_bad = time.rows_nonfinite
-        if out.rows_nonfinite is not None and rows_bad is not None:
-            rows_bad = rows_bad + out.rows_nonfinite
-        time = time._replace(updates_skipped=out.updates_skipped, rows_nonfinite=rows_bad)
+        time = time._replace(
+            updates_skipped=out.updates_skipped, rows_nonfinite=out.rows_nonfinite_total
+        )
         metrics = StepMetrics(
             out.loss,
             out.samples_in_batch,

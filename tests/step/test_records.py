@@ -3,6 +3,7 @@
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import sbfunc
 from sbfunc.step.records import Clock
@@ -53,3 +54,33 @@ def test_a_step_plan_carries_one_tensor_of_time():
     assert isinstance(plan.clock, Clock) and plan.clock.total_known is False
     plain = sbfunc.make_train_step(sbfunc.per_sample_loss(model, ce), sbfunc.optim.sgd(0.1))
     assert plain.plan(state._replace(algorithm_state=()), (torch.randn(4, 2),)).clock is None
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_finish_runs_no_tensor_operation():
+    """Every count of a step is made inside the core: ``finish`` is host bookkeeping only (on
+    an accelerator, no kernel outside the compiled graph)."""
+    ce = torch.nn.functional.cross_entropy
+    model = torch.nn.Linear(2, 2)
+    loss_fn = sbfunc.per_sample_loss(model, ce)
+    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, keep=0.5, interrupt=0)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(0.1), [sb])
+    state = step.init(*sbfunc.split_module(model), key=sbfunc.random.key(0))
+    x = torch.tensor([[0.0, 1.0], [float("nan"), 0.0], [1.0, 1.0], [2.0, 0.0]])
+    batch = (x, torch.tensor([0, 1, 1, 0]))
+    plan = step.plan(state, batch)
+    carry, out = step.core(plan, state, batch)
+    with _CountOps() as counter:
+        new, metrics = step.finish(state, carry, out)
+    assert counter.ops == []
+    assert new.time.rows_nonfinite is out.rows_nonfinite_total
+    assert metrics.rows_nonfinite is out.rows_nonfinite
