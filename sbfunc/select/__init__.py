@@ -3,12 +3,16 @@
 
 from sbfunc._namespace import api_dir
 from sbfunc.select.base import Selection, kept_count, nonfinite_lowest, ranks
+from sbfunc.select.diverse import divbs_indices, gradient_gram, last_layer_errors
 from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
 
 __all__ = [
     "Selection",
+    "divbs_indices",
+    "gradient_gram",
     "gumbel_top_k",
     "kept_count",
+    "last_layer_errors",
     "nonfinite_lowest",
     "rank_power_log_weights",
     "ranks",

@@ -40,6 +40,7 @@ def _run_all(scores: torch.Tensor, noise: dict) -> dict[str, torch.Tensor]:
 
 def test_every_public_name_is_covered():
     host = {"kept_count", "Selection"}  # Python ints from a shape; a NamedTuple of tensors
+    host |= {"divbs_indices", "gradient_gram", "last_layer_errors"}  # select/test_diverse.py
     assert set(select.__all__) - host <= _run_all(empty(N), {}).keys()
     assert select.kept_count(N, 0.5) == 5
 
