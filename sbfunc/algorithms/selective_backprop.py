@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -17,7 +16,14 @@ from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness, m
 from sbfunc.policies import Policy, Queue, apply_policy, dequeue, empty_queue, enqueue, rank_power
 from sbfunc.policies.apply import score_needed, unscorable_dropped
 from sbfunc.rows import check_per_sample
-from sbfunc.score import Scoring, check_downsampled_scoring, score_losses
+from sbfunc.score import (
+    Scoring,
+    Signals,
+    SignalScorer,
+    check_downsampled_scoring,
+    score_losses,
+    score_signals,
+)
 from sbfunc.score.downsample import check_scale_factor
 from sbfunc.score.options import check_scoring
 from sbfunc.select.base import check_keep
@@ -38,6 +44,7 @@ class _ScoringFields(NamedTuple):  # what follows from the scoring loss (for_ste
     reuse_losses: bool
     loss_fn: LossFn | None
     keyed_scoring: bool
+    signal_scorer: SignalScorer | None  # the loss that also returns the policy's signals
 
 
 def _check_policy(keep: float | None, policy: Policy | None) -> tuple[float | None, Policy]:
@@ -60,10 +67,12 @@ def _check_policy(keep: float | None, policy: Policy | None) -> tuple[float | No
     return None, policy
 
 
-def _keyed(
-    score: Callable[[Any], torch.Tensor], key: torch.Tensor
-) -> Callable[[Any], torch.Tensor]:
-    def keyed_score(batch: Any) -> torch.Tensor:
+_Scored = tuple[torch.Tensor, Signals | None]
+"""A scoring forward's per-row scores, and the policy's signals when it needs any."""
+
+
+def _keyed(score: Callable[[Any], _Scored], key: torch.Tensor) -> Callable[[Any], _Scored]:
+    def keyed_score(batch: Any) -> _Scored:
         with sbrandom.keyed(key):
             return score(batch)
 
@@ -201,7 +210,11 @@ class SelectiveBackprop(Algorithm):
         self.per_sample, self.refill, self.refill_size = self._spec(check_per_sample(per_sample))
         if name is not None:
             self.name = name
-        self.reuse_losses, self.loss_fn, self.keyed_scoring = self._scoring(self.scoring.loss_fn)
+        fields = self._scoring(self.scoring.loss_fn)
+        self.reuse_losses: bool = fields.reuse_losses
+        self.loss_fn: LossFn | None = fields.loss_fn
+        self.keyed_scoring: bool = fields.keyed_scoring
+        self.signal_scorer: SignalScorer | None = fields.signal_scorer
 
     def _spec(self, per_sample: PerSample) -> _SpecFields:
         """The per-sample spec and the empty refill queue and its size under it."""
@@ -226,7 +239,11 @@ class SelectiveBackprop(Algorithm):
             loss_fn = loss_fn.with_mode("eval")
         # Train-mode scoring of a model with dropout draws from this algorithm's key.
         keyed = train and module is not None and draws_randomness(module)
-        return _ScoringFields(reuse, loss_fn, keyed)
+        needs = self.policy.needs
+        scorer = None
+        if needs and loss_fn is not None:
+            scorer = SignalScorer(loss_fn, needs, head=self.scoring.head)
+        return _ScoringFields(reuse, loss_fn, keyed, scorer)
 
     def for_step(self, *, loss_fn: Any, per_sample: PerSample) -> SelectiveBackprop:
         """This algorithm scoring with the step's ``loss_fn`` (in eval mode unless
@@ -298,17 +315,18 @@ class SelectiveBackprop(Algorithm):
         policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
         return state.replace(own=policy_state if queue is None else (policy_state, queue))
 
-    def _scorer(self, state: Context, loss_fn: LossFn) -> Callable[[Any], torch.Tensor]:
-        score: Callable[[Any], torch.Tensor] = partial(
-            score_losses,
-            loss_fn,
-            state.params,
-            state.buffers,
-            scale_factor=self.scale_factor,
-            input=self.scoring.input,
-            dtype=self.scoring.dtype,
-            per_sample=self.per_sample,
-        )
+    def _scorer(self, state: Context, loss_fn: LossFn) -> Callable[[Any], _Scored]:
+        def scored(batch: Any) -> _Scored:
+            args = (state.params, state.buffers, batch)
+            options: dict[str, Any] = dict(
+                scale_factor=self.scale_factor, input=self.scoring.input,
+                dtype=self.scoring.dtype, per_sample=self.per_sample,
+            )  # fmt: skip
+            if self.signal_scorer is not None:
+                return score_signals(self.signal_scorer, *args, **options)
+            return score_losses(loss_fn, *args, **options), None
+
+        score: Callable[[Any], _Scored] = scored
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
         if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
@@ -316,11 +334,11 @@ class SelectiveBackprop(Algorithm):
         return score
 
     def _explained(
-        self, score: Callable[[Any], torch.Tensor], state: Context, loss_fn: LossFn
-    ) -> Callable[[Any], torch.Tensor]:
+        self, score: Callable[[Any], _Scored], state: Context, loss_fn: LossFn
+    ) -> Callable[[Any], _Scored]:
         """``score``, with a failure of the downsampled forward explained (eagerly)."""
 
-        def explained_score(batch: Any) -> torch.Tensor:
+        def explained_score(batch: Any) -> _Scored:
             try:
                 return score(batch)
             except (RuntimeError, ValueError):
@@ -339,13 +357,19 @@ class SelectiveBackprop(Algorithm):
         policy_state, queue = (state.own, None) if self.refill is None else state.own
         batch, spec = state.batch, self.per_sample
         ids = None if self.ids is None else extract(batch, self.ids, "ids")
-        scores, scored, forwarded = score_needed(
-            self.policy, policy_state, batch, ids, epoch, self._scorer(state, loss_fn),
-            per_sample=spec,
-        )  # fmt: skip
+        score = self._scorer(state, loss_fn)
+        signals: Signals | None = None
+        if self.signal_scorer is None:
+            scores, scored, forwarded = score_needed(
+                self.policy, policy_state, batch, ids, epoch, lambda b: score(b)[0],
+                per_sample=spec,
+            )  # fmt: skip
+        else:  # the policy reads every row's signals (make_policy: no score_rows)
+            (scores, signals), scored = score(batch), None
+            forwarded = batch_size(batch, per_sample=spec)
         pruned = apply_policy(
             self.policy, policy_state, batch, scores, key=state.key, ids=self.ids, epoch=epoch,
-            elapsed=state.time.elapsed, scored=scored, per_sample=spec,
+            elapsed=state.time.elapsed, scored=scored, per_sample=spec, signals=signals,
         )  # fmt: skip
         batch, weights, own = pruned.batch, pruned.weights, pruned.state
         trained = pruned.indices  # the rows of this batch that go on

@@ -40,6 +40,7 @@ from sbfunc.distributed.comm import Comm
 from sbfunc.distributed.packing import batch_rows, pack_rows, unpack_rows, with_rows
 from sbfunc.policies import Policy, PolicyState
 from sbfunc.policies.base import check_scores
+from sbfunc.score import Signals
 from sbfunc.select import Selection
 
 __all__ = ["global_selection", "local_selection"]
@@ -72,6 +73,7 @@ class _Scope:
         ids: torch.Tensor | None,
         epoch: int | torch.Tensor,
         elapsed: float | torch.Tensor,
+        signals: Signals | None = None,
     ) -> _Chosen:
         raise NotImplementedError
 
@@ -83,8 +85,11 @@ class _Scope:
         ids: torch.Tensor | None,
         epoch: int | torch.Tensor,
         elapsed: float | torch.Tensor,
+        signals: Signals | None = None,
     ) -> tuple[Selection, PolicyState]:
-        return self.policy.select(scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed)
+        return self.policy.select(
+            scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed, signals=signals
+        )
 
     def select(
         self,
@@ -96,12 +101,13 @@ class _Scope:
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
         scored: torch.Tensor | None = None,
+        signals: Signals | None = None,
     ) -> tuple[Selection, PolicyState]:
         """This rank's rows of the selection (``Policy.select``)."""
         check_scores(scores)
         if scored is not None:
             raise ValueError(f"{self.kind}_selection scores every row: pass scored=None")
-        sel, state, _ = self.choose(scores, state, key, ids, epoch, elapsed)
+        sel, state, _ = self.choose(scores, state, key, ids, epoch, elapsed, signals)
         return sel, state
 
     def prune(
@@ -115,6 +121,7 @@ class _Scope:
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
         per_sample: PerSample = None,
+        signals: Signals | None = None,
     ) -> tuple[Any, torch.Tensor | None, torch.Tensor, PolicyState]:
         """Select, take this rank's rows and move kept rows between ranks (``Policy.prune``)."""
         if per_sample is not None:
@@ -123,7 +130,7 @@ class _Scope:
                 "exchanged by the default rule); leave one of them out"
             )
         check_scores(scores)
-        sel, state, kept = self.choose(scores, state, key, ids, epoch, elapsed)
+        sel, state, kept = self.choose(scores, state, key, ids, epoch, elapsed, signals)
         rows, weights = take(batch, sel.indices), sel.weights
         if self.comm.world == 1:
             return rows, weights, sel.indices, state
@@ -175,11 +182,12 @@ class _Local(_Scope):
         ids: torch.Tensor | None,
         epoch: int | torch.Tensor,
         elapsed: float | torch.Tensor,
+        signals: Signals | None = None,
     ) -> _Chosen:
         comm = self.comm
         if comm.world == 1 or not _has_tensors(state):
             mine_key = sbrandom.fold_in(key, comm.rank)
-            sel, state = self._inner(scores, state, mine_key, ids, epoch, elapsed)
+            sel, state = self._inner(scores, state, mine_key, ids, epoch, elapsed, signals)
             return sel, state, None
         _, shards = self._gather(scores, ids)
         kept, mine = [], None
@@ -202,9 +210,10 @@ class _Global(_Scope):
         ids: torch.Tensor | None,
         epoch: int | torch.Tensor,
         elapsed: float | torch.Tensor,
+        signals: Signals | None = None,
     ) -> _Chosen:
         if self.comm.world == 1:  # the global batch is this rank's: no bounds to read
-            sel, state = self._inner(scores, state, key, ids, epoch, elapsed)
+            sel, state = self._inner(scores, state, key, ids, epoch, elapsed, signals)
             return sel, state, [sel.indices.shape[0]]
         sizes, shards = self._gather(scores, ids)
         g_scores = torch.cat([s for s, _ in shards])
@@ -236,7 +245,7 @@ def _wrap(scope: type[_Scope], policy: Policy, rebalance: bool, comm: Comm | Non
     elif not isinstance(comm, Comm):
         raise TypeError(f"comm must be an sbfunc.distributed.Comm, got {comm!r}")
     s = scope(policy, comm, rebalance)
-    return Policy(policy.init, s.select, prune=s.prune if rebalance else None)
+    return Policy(policy.init, s.select, prune=s.prune if rebalance else None, needs=policy.needs)
 
 
 def local_selection(

@@ -12,6 +12,7 @@ from sbfunc import random as sbrandom
 from sbfunc.batch import Field, PerSample, batch_size, extract, take
 from sbfunc.policies.base import Policy, PolicyState, check_scores
 from sbfunc.score.losses import batch_device
+from sbfunc.score.signals import Signals
 from sbfunc.select.base import finite_entries
 
 __all__ = ["Pruned", "apply_policy", "score_needed", "unscorable_dropped"]
@@ -54,6 +55,7 @@ def apply_policy(
     elapsed: float | torch.Tensor = 0.0,
     scored: torch.Tensor | None = None,
     per_sample: PerSample = None,
+    signals: Signals | None = None,
 ) -> Pruned:
     """Select rows of ``batch`` with ``policy`` and prune every per-sample leaf to them: the
     pytree-batch path (a dict batch included) from scores to the kept rows.
@@ -74,6 +76,7 @@ def apply_policy(
         scored: which entries of ``scores`` are fresh (see :func:`score_needed`).
         per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.batch.PerSample`);
             ``None`` infers them.
+        signals: the rows' :class:`~sbfunc.score.Signals`, for a policy that ``needs`` them.
 
     Returns:
         A :class:`Pruned`.
@@ -101,12 +104,13 @@ def apply_policy(
         return Pruned(
             *policy.prune(
                 batch, scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed,
-                per_sample=per_sample,
+                per_sample=per_sample, signals=signals,
             )
         )  # fmt: skip
     sel, state = policy.select(
-        scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored
-    )
+        scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored,
+        signals=signals,
+    )  # fmt: skip
     return Pruned(take(batch, sel.indices, per_sample=per_sample), sel.weights, sel.indices, state)
 
 

@@ -25,7 +25,7 @@ rows can fill the selection, and it is never recorded in a policy's state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -33,6 +33,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc import validation
 from sbfunc.policies.placement import follow, following
+from sbfunc.score.signals import Signals, check_needs
 from sbfunc.select import Selection
 from sbfunc.types import EmptyState
 
@@ -48,6 +49,7 @@ __all__ = [
     "bernoulli_selection",
     "check_ids",
     "check_scores",
+    "check_signals",
     "horvitz_thompson",
     "make_policy",
     "stateless",
@@ -79,6 +81,7 @@ class SelectPolicy(Protocol):
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
         scored: torch.Tensor | None = None,
+        signals: Signals | None = None,
     ) -> tuple[Selection, PolicyState]: ...
 
 
@@ -98,14 +101,16 @@ class Policy(NamedTuple):
 
     Attributes:
         init: ``() -> state``, the initial state.
-        select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None) ->
-            (Selection, state)``; ``scores`` is ``Tensor[N]`` (higher = more useful to
-            backpropagate; integer and bool scores count as floats, :func:`as_scores`),
+        select: ``(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None,
+            signals=None) -> (Selection, state)``; ``scores`` is ``Tensor[N]`` (higher = more
+            useful to backpropagate; integer and bool scores count as floats, :func:`as_scores`),
             ``ids`` an ``int64 Tensor[N]`` of sample ids (required by per-id policies),
             ``epoch`` the current epoch and ``elapsed`` the fraction of training
             done (Python numbers or 0-d tensors: inside a compiled step they are tensors), and
             ``scored`` a ``bool Tensor[N]`` marking the entries of ``scores`` that are fresh
-            (``None``: all; the others are placeholders the policy must not read).
+            (``None``: all; the others are placeholders the policy must not read), and
+            ``signals`` the per-row :class:`~sbfunc.score.Signals` of the scoring forward that
+            ``needs`` names (``None`` when it names none).
         score_rows: ``None`` when ``select`` needs every row's score, else ``(state, ids,
             epoch) -> bool Tensor[N]``, the rows it needs (it remembers the others' losses),
             so the others' scoring forward can be skipped
@@ -138,6 +143,7 @@ class Policy(NamedTuple):
     score_rows: ScoreRows | None = None
     record: Record | None = None
     prune: Prune | None = None
+    needs: frozenset[str] = frozenset()
 
 
 def check_scores(scores: torch.Tensor) -> int:
@@ -308,6 +314,36 @@ class SelectArgs(NamedTuple):
     epoch: int | torch.Tensor = 0
     elapsed: float | torch.Tensor = 0.0
     scored: torch.Tensor | None = None
+    signals: Signals | None = None
+
+
+def check_signals(signals: Signals | None, needs: frozenset[str], n: int) -> Signals:
+    """The ``signals`` a policy that ``needs`` them was given, checked: each named field a
+    tensor of ``n`` rows.
+
+    Raises:
+        ValueError: for a missing signal (``signals=None`` or a ``None`` field), or one with
+            another number of rows.
+
+    Example:
+        >>> from sbfunc.policies.base import check_signals
+        >>> from sbfunc.score import Signals
+        >>> check_signals(Signals(logits=torch.zeros(2, 3)), frozenset({"logits"}), 2).logits.shape
+        torch.Size([2, 3])
+    """
+    given = Signals() if signals is None else signals
+    for name in sorted(needs):
+        value = getattr(given, name)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"this policy reads the signal {name!r}: pass select(..., signals="
+                f"sbfunc.score.Signals({name}=...)) (SelectiveBackprop's scoring does)"
+            )
+        if value.dim() == 0 or value.shape[0] != n:
+            raise ValueError(
+                f"signals.{name} must have one row per score ({n}), got shape {tuple(value.shape)}"
+            )
+    return given
 
 
 def make_policy(
@@ -315,12 +351,15 @@ def make_policy(
     rule: Callable[[torch.Tensor, Any, SelectArgs], tuple[Selection, Any]],
     score_rows: ScoreRows | None = None,
     record: Record | None = None,
+    needs: Iterable[str] = (),
 ) -> Policy:
     """Build a :class:`Policy` from ``init`` and a rule ``(scores, state, args) ->
     (Selection, state)``; ``select`` validates the scores (:func:`as_scores`: integer and bool
     scores reach ``rule`` as floats) and packs its keyword arguments.
     Scores of zero rows give an empty selection and the state unchanged, without calling
-    ``rule``.
+    ``rule``. A policy that ``needs`` signals (:data:`sbfunc.score.SIGNALS`) reads them from
+    ``args.signals``, checked to hold each one with a row per score; it cannot also skip
+    scoring rows (``score_rows``).
 
     Example:
         >>> from sbfunc.policies import EmptyState, make_policy
@@ -340,6 +379,7 @@ def make_policy(
         epoch: int | torch.Tensor = 0,
         elapsed: float | torch.Tensor = 0.0,
         scored: torch.Tensor | None = None,
+        signals: Signals | None = None,
     ) -> tuple[Selection, PolicyState]:
         scores = as_scores(scores)  # integer and bool scores as floats
         if scores.shape[0] == 0:  # an empty batch: nothing to select, nothing learned
@@ -349,10 +389,19 @@ def make_policy(
                 f"scored must be a bool Tensor{list(scores.shape)} like the scores, got "
                 f"{scored.dtype} of shape {tuple(scored.shape)}"
             )
-        return rule(scores, follow(state, scores), SelectArgs(key, ids, epoch, elapsed, scored))
+        if needed:
+            signals = check_signals(signals, needed, scores.shape[0])
+        args = SelectArgs(key, ids, epoch, elapsed, scored, signals)
+        return rule(scores, follow(state, scores), args)
 
+    needed = check_needs(needs)
+    if needed and score_rows is not None:
+        raise ValueError(
+            "a policy that needs signals reads every row: give it no score_rows (signals of the "
+            "rows it does not score would be missing)"
+        )
     # the state follows the data's device (sbfunc.policies.placement): never read on the host
-    return Policy(init, select, following(score_rows, 1), following(record, 2))
+    return Policy(init, select, following(score_rows, 1), following(record, 2), needs=needed)
 
 
 def stateless(

@@ -1,17 +1,23 @@
 """Score: cheap per-sample scores of a whole batch (losses, optionally on downsampled inputs),
-and Selective Backprop's scoring options (:class:`Scoring`)."""
+the per-row signals some policies read besides (:class:`Signals`: logits, penultimate
+features, targets), and Selective Backprop's scoring options (:class:`Scoring`)."""
 
 from sbfunc._namespace import api_dir
 from sbfunc.score.downsample import check_downsampled_scoring, downsample, downsample_batch
 from sbfunc.score.losses import score_losses
 from sbfunc.score.options import Scoring
+from sbfunc.score.signals import SIGNALS, Signals, SignalScorer, score_signals
 
 __all__ = [
+    "SIGNALS",
     "Scoring",
+    "SignalScorer",
+    "Signals",
     "check_downsampled_scoring",
     "downsample",
     "downsample_batch",
     "score_losses",
+    "score_signals",
 ]
 
 

@@ -12,13 +12,24 @@ from sbfunc.batch import Field, PerSample, batch_size
 from sbfunc.module import LossFn, Params, check_loss_fn, reduce_per_sample
 from sbfunc.score.downsample import check_scale_factor, downsample_batch
 
-__all__ = ["score_losses"]
+__all__ = ["score_losses", "scoring_precision"]
 
 
 def batch_device(batch: Any) -> torch.device:
     """The device of the batch's first tensor (the CPU without one)."""
     leaves = torch_pytree.tree_leaves(batch)
     return next((t.device for t in leaves if isinstance(t, torch.Tensor)), torch.device("cpu"))
+
+
+def scoring_precision(
+    params: Params, dtype: torch.dtype | None
+) -> contextlib.AbstractContextManager[Any]:
+    """``torch.autocast`` to ``dtype`` on the parameters' device (a null context for ``None``):
+    the scoring forward's precision."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    device = next(iter(params.values())).device if params else torch.device("cpu")
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def score_losses(
@@ -81,10 +92,6 @@ def score_losses(
         check_scale_factor(scale_factor)
         return torch.zeros(0, device=batch_device(batch))
     scored = downsample_batch(batch, scale_factor, input=input)
-    precision: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if dtype is not None:
-        device = next(iter(params.values())).device if params else torch.device("cpu")
-        precision = torch.autocast(device.type, dtype=dtype)
-    with torch.no_grad(), precision:
+    with torch.no_grad(), scoring_precision(params, dtype):
         losses = reduce_per_sample(loss_fn(params, buffers, scored), n).detach()
     return losses if dtype is None else losses.float()

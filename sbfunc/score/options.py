@@ -29,6 +29,9 @@ class Scoring(NamedTuple):
             cheaper scores whose ranking agrees closely with full precision (measured in
             ``benchmarks/scoring.py``). ``None``: the model's own precision.
         input: where the input sits in the batch, for downsampling (an int or a str field).
+        head: the name of the model's head (``model.get_submodule(head)``), whose input is the
+            penultimate feature a policy may read (``Policy.needs`` with ``"features"``);
+            ``None``: the last ``nn.Linear`` of the model.
         reuse_losses: record the training forward's per-sample losses of the kept rows in
             the policy's per-id state on every step (``AFTER_LOSS``), so a policy that
             remembers losses (``Policy.record``: Stale-SB, Loshchilov, InfoBatch) needs fewer
@@ -38,7 +41,8 @@ class Scoring(NamedTuple):
 
     Example:
         >>> sbfunc.score.Scoring(dtype=torch.bfloat16)
-        Scoring(loss_fn=None, train=False, dtype=torch.bfloat16, input=0, reuse_losses=None)
+        Scoring(loss_fn=None, train=False, dtype=torch.bfloat16, input=0, reuse_losses=None,
+                head=None)
 
     References:
         Jiang et al. 2019 (the scoring forward); MosaicML Composer ``SelectiveBackprop``
@@ -50,6 +54,7 @@ class Scoring(NamedTuple):
     dtype: torch.dtype | None = None
     input: Field = 0
     reuse_losses: bool | None = None
+    head: str | None = None
 
 
 def check_scoring(scoring: Scoring, scale_factor: float) -> Scoring:
@@ -95,5 +100,9 @@ def check_scoring(scoring: Scoring, scale_factor: float) -> Scoring:
     if scoring.reuse_losses is not None and not isinstance(scoring.reuse_losses, bool):
         raise TypeError(
             f"scoring.reuse_losses must be True, False or None, got {scoring.reuse_losses!r}"
+        )
+    if scoring.head is not None and (not isinstance(scoring.head, str) or not scoring.head):
+        raise TypeError(
+            f"scoring.head must be a submodule's name (a str) or None, got {scoring.head!r}"
         )
     return scoring
