@@ -56,6 +56,7 @@ from sbfunc import policies as P
 from sbfunc import random as sbrandom
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tta_methods import TTA_METHODS, Audit, head_features, methods, with_run_tables
 from _tta_regime import measure_regime
 from _tta_report import write_outputs
 
@@ -112,55 +113,8 @@ def make_model(width: int) -> nn.Module:
         nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
         nn.Conv1d(c, c, 5, stride=2, padding=2), nn.ReLU(),
         nn.Conv1d(c, c, 5, padding=2), nn.ReLU(),
-        nn.AdaptiveAvgPool1d(10), nn.Flatten(), nn.Linear(c * 10, 10),
+        nn.AdaptiveAvgPool1d(10), nn.Flatten(), nn.Linear(head_features(c), 10),
     )  # fmt: skip
-
-
-class Audit(sbfunc.Algorithm):
-    """Counts, on ``AFTER_LOSS``, the backpropagated rows whose label was flipped (by id).
-
-    Its state is ``(count, mislabelled mask)``: the mask of the run is set in the state, so
-    one compiled step serves every seed and noise level."""
-
-    uses_key = False
-
-    def __init__(self, num_ids: int) -> None:
-        self.num_ids = num_ids
-
-    def init(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.zeros((), dtype=torch.int64), torch.zeros(self.num_ids, dtype=torch.int64)
-
-    def match(self, event: sbfunc.Event, state: sbfunc.Context) -> bool:
-        return event == sbfunc.Event.AFTER_LOSS
-
-    def apply(self, event: sbfunc.Event, state: sbfunc.Context) -> sbfunc.Context:
-        count, mask = state.own
-        return state.replace(own=(count + mask.index_select(0, state.batch[2]).sum(), mask))
-
-
-def sb(cfg: Config, policy: P.Policy, loss_fn: sbfunc.module.ModuleLoss, **kw: Any) -> Any:
-    return sbfunc.SelectiveBackprop(cfg.start, 1.0, interrupt=0, policy=policy, ids=2, **kw)
-
-
-def methods(
-    cfg: Config, loss_fn: sbfunc.module.ModuleLoss, grad_norm_fn: sbfunc.module.ModuleLoss
-) -> dict:
-    """Each method's algorithms (before the audit). RHO-LOSS's table is a placeholder here:
-    each run puts its own irreducible losses in the state."""
-    k, n = cfg.keep, cfg.train
-    return {
-        "plain": lambda: [],
-        "rank_power": lambda: [sb(cfg, P.rank_power(k), loss_fn)],
-        "rank_power_s0.5": lambda: [sb(cfg, P.rank_power(k), loss_fn, scale_factor=0.5)],
-        "top_k": lambda: [sb(cfg, P.top_k(k), loss_fn)],
-        "random": lambda: [sb(cfg, P.random_subset(k), loss_fn)],
-        "jiang_var": lambda: [sb(cfg, P.jiang_cdf(1.0), loss_fn)],
-        "stale_sb": lambda: [sb(cfg, P.stale_sb(1.0, num_ids=n, max_age=2), loss_fn)],
-        "loshchilov": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n, max_age=2), loss_fn)],
-        "infobatch": lambda: [sb(cfg, P.infobatch(0.5, 0.875, num_ids=n), loss_fn)],
-        "grad_norm": lambda: [sb(cfg, P.grad_norm_importance(k), grad_norm_fn)],
-        "rho_loss": lambda: [sb(cfg, P.rho_loss(k, torch.zeros(n)), loss_fn)],
-    }
 
 
 @dataclass
@@ -191,12 +145,14 @@ class Trainer(NamedTuple):
 
 
 def build(cfg: Config, algorithms: list[Any], loss_fn: sbfunc.module.ModuleLoss,
-          steps: int) -> Trainer:  # fmt: skip
+          steps: int, *, compile: bool = True) -> Trainer:  # fmt: skip
     """Make a method's step (cosine learning rate to zero over ``steps`` updates), compiled in
-    place (``step.compile()``); :func:`warm_up` compiles its graphs."""
+    place (``step.compile()``; eager with ``compile=False``); :func:`warm_up` compiles its
+    graphs."""
     schedule = sbfunc.optim.cosine_decay_schedule(cfg.lr, steps)
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(schedule), algorithms)
-    step.compile()
+    if compile:
+        step.compile()
     return Trainer(step, step, 0.0)
 
 
@@ -219,6 +175,13 @@ def accuracy(
     return (logits.argmax(1) == d.y_test).float().mean()
 
 
+def eval_stops(cfg: Config, epochs: int, per_epoch: int) -> list[int]:
+    """The steps after which :func:`train` pauses (``evals_per_epoch`` per epoch, and the
+    last step)."""
+    total, every = epochs * per_epoch, max(1, per_epoch // cfg.evals_per_epoch)
+    return [*range(every, total, every), total]
+
+
 def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
           cfg: Config, epochs: int, key: sbrandom.Key,
           evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
@@ -227,14 +190,14 @@ def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.
     and the curve (wall, cpu, forwarded, backpropagated, accuracy); its last point holds the
     totals."""
     per_epoch = x.shape[0] // cfg.batch
-    total, every = epochs * per_epoch, max(1, per_epoch // cfg.evals_per_epoch)
+    total = epochs * per_epoch
 
     def data(epoch: int) -> Any:
         return sbfunc.datasets.batches(x, y, cfg.batch, key=sbrandom.fold_in(key, epoch))
 
     wall = cpu = 0.0
     curve: list[tuple[float, float, int, int, Any]] = []
-    for stop in [*range(every, total, every), total]:
+    for stop in eval_stops(cfg, epochs, per_epoch):
         t0, c0 = time.perf_counter(), time.process_time()
         state = sbfunc.fit(
             trainer.compiled, state, data, epochs=epochs, steps_per_epoch=per_epoch,
@@ -272,8 +235,7 @@ def one_run(method: str, trainer: Trainer, init: tuple[dict, dict], x: torch.Ten
     state = trainer.step.init(*init, key=sbrandom.fold_in(key, 7))
     own = list(state.algorithm_state)
     own[-1] = (own[-1][0], flipped.to(torch.int64))  # the audit's mask for this run
-    if method == "rho_loss":
-        own[0] = P.RhoState(irreducible)
+    own[0] = with_run_tables(method, own[0], irreducible)
     state = state._replace(algorithm_state=tuple(own))
     state, curve = train(trainer, state, x, y, cfg=cfg, epochs=cfg.epochs, key=key,
                          evaluate=lambda s: accuracy(eval_fn, s.params, s.buffers, d))  # fmt: skip
@@ -288,7 +250,16 @@ def one_run(method: str, trainer: Trainer, init: tuple[dict, dict], x: torch.Ten
     )  # fmt: skip
 
 
-def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]:
+class Setup(NamedTuple):
+    """What every run of a study shares: the data, the losses and the template weights."""
+
+    d: Data
+    loss_fn: sbfunc.module.ModuleLoss
+    grad_norm_fn: sbfunc.module.ModuleLoss  # the logit-gradient norm, grad_norm's score
+    init0: tuple[dict, dict]
+
+
+def setup(cfg: Config) -> Setup:
     t0 = time.perf_counter()
     d = load_data(cfg)
     print(f"mnist1d: {d.x.shape[0]} train, {d.x_hold.shape[0]} holdout, {d.x_test.shape[0]} "
@@ -297,43 +268,81 @@ def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]
     model = make_model(cfg.width)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     grad_norm_fn = sbfunc.per_sample_loss(model, P.logit_grad_norm)
-    init0 = sbfunc.split_module(model, clone=True)
-    b = cfg.batch
-    like = (d.x[:b], d.y[:b], torch.arange(b))
-    steps = cfg.epochs * (cfg.train // b)
-    table = methods(cfg, loss_fn, grad_norm_fn)
-    trainers: dict[str, Trainer] = {}
-    for name in tqdm(names, desc="compile", unit="step"):
-        trainer = build(cfg, [*table[name](), Audit(cfg.train)], loss_fn, steps)
-        trainers[name] = warm_up(trainer, init0, d.x, d.y, cfg)
-    il_cfg = replace(cfg, batch=min(b, cfg.holdout // 8))
+    return Setup(d, loss_fn, grad_norm_fn, sbfunc.split_module(model, clone=True))
+
+
+def compile_method(cfg: Config, s: Setup, algorithms: list[Any], *,
+                   compile: bool = True) -> Trainer:  # fmt: skip
+    """A method's trainer (its algorithms and the audit), warmed up when compiled."""
+    steps = cfg.epochs * (cfg.train // cfg.batch)
+    trainer = build(cfg, [*algorithms, Audit(cfg.train)], s.loss_fn, steps, compile=compile)
+    return warm_up(trainer, s.init0, s.d.x, s.d.y, cfg) if compile else trainer
+
+
+def il_trainer(cfg: Config, s: Setup, *, compile: bool = True) -> tuple[Config, Trainer]:
+    """The irreducible-loss model's config and trainer (plain, on the holdout)."""
+    il_cfg = replace(cfg, batch=min(cfg.batch, cfg.holdout // 8))
     il_steps = cfg.il_epochs * (cfg.holdout // il_cfg.batch)
-    il = warm_up(build(il_cfg, [], loss_fn, il_steps), init0, d.x_hold, d.y_hold, il_cfg)
+    il = build(il_cfg, [], s.loss_fn, il_steps, compile=compile)
+    return il_cfg, (warm_up(il, s.init0, s.d.x_hold, s.d.y_hold, il_cfg) if compile else il)
+
+
+def seed_init(cfg: Config, seed: int) -> tuple[dict, dict]:
+    """The initial weights of every method for ``seed``."""
+    torch.manual_seed(seed)  # nn.Module init reads the global RNG: same init for all methods
+    return sbfunc.split_module(make_model(cfg.width), clone=True)
+
+
+class Episode(NamedTuple):
+    """One seed and noise level: labels, flipped mask, irreducible losses, loader key."""
+
+    y: torch.Tensor
+    flipped: torch.Tensor
+    irreducible: torch.Tensor  # zeros when the irreducible-loss model is not trained
+    key: sbrandom.Key
+
+
+def episode(cfg: Config, s: Setup, il: tuple[Config, Trainer] | None,
+            init: tuple[dict, dict], seed: int, noise: float,
+            notes: list[dict[str, Any]]) -> Episode:  # fmt: skip
+    """Make the run's noisy labels and, with ``il``, the irreducible losses (noted in
+    ``notes``, which this appends to)."""
+    k = sbrandom.fold_in(sbrandom.key(seed), round(noise * 1000))
+    noisy = sbfunc.datasets.with_label_noise
+    y, flipped = noisy(s.d.y, noise, 10, key=sbrandom.fold_in(k, 1))
+    y_hold, _ = noisy(s.d.y_hold, noise, 10, key=sbrandom.fold_in(k, 2))
+    irreducible = torch.zeros(cfg.train)
+    if il is not None:
+        irreducible, note = irreducible_losses(il[0], il[1], s.loss_fn, init, s.d, y_hold, y,
+                                               seed)  # fmt: skip
+        notes.append({"seed": seed, "noise": noise, **note})
+    return Episode(y, flipped, irreducible, sbrandom.fold_in(k, 3))
+
+
+def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]:
+    s = setup(cfg)
+    table = methods(cfg, s.loss_fn, s.grad_norm_fn)
+    trainers = {name: compile_method(cfg, s, table[name]())
+                for name in tqdm(names, desc="compile", unit="step")}  # fmt: skip
+    il = il_trainer(cfg, s)
+    like = (s.d.x[: cfg.batch], s.d.y[: cfg.batch], torch.arange(cfg.batch))
     notes: dict[str, Any] = {
         "compile_s": {k: round(v.compile_s, 1) for k, v in trainers.items()},
-        "regime": measure_regime(loss_fn, trainers, init0, like, cfg.keep),
+        "regime": measure_regime(s.loss_fn, trainers, s.init0, like, cfg.keep),
         "il": [],
     }
     runs: list[Run] = []
-    eval_fn = loss_fn.with_mode("eval")
+    eval_fn = s.loss_fn.with_mode("eval")
     bar = tqdm(total=len(cfg.seeds) * len(cfg.noises) * len(names), desc="runs", unit="run")
     for si, seed in enumerate(cfg.seeds):
-        torch.manual_seed(seed)  # nn.Module init reads the global RNG: same init for all methods
-        init = sbfunc.split_module(make_model(cfg.width), clone=True)
+        init = seed_init(cfg, seed)
         order = names[si % len(names) :] + names[: si % len(names)]
         for noise in cfg.noises:
-            k = sbrandom.fold_in(sbrandom.key(seed), round(noise * 1000))
-            noisy = sbfunc.datasets.with_label_noise
-            y, flipped = noisy(d.y, noise, 10, key=sbrandom.fold_in(k, 1))
-            y_hold, _ = noisy(d.y_hold, noise, 10, key=sbrandom.fold_in(k, 2))
-            irreducible = torch.zeros(cfg.train)
-            if "rho_loss" in names:
-                irreducible, note = irreducible_losses(il_cfg, il, loss_fn, init, d, y_hold, y,
-                                                       seed)  # fmt: skip
-                notes["il"].append({"seed": seed, "noise": noise, **note})
+            e = episode(cfg, s, il if "rho_loss" in names else None, init, seed, noise,
+                        notes["il"])  # fmt: skip
             for method in order:
-                run = one_run(method, trainers[method], init, d.x, y, flipped, irreducible,
-                              cfg=cfg, seed=seed, noise=noise, key=sbrandom.fold_in(k, 3), d=d,
+                run = one_run(method, trainers[method], init, s.d.x, e.y, e.flipped,
+                              e.irreducible, cfg=cfg, seed=seed, noise=noise, key=e.key, d=s.d,
                               eval_fn=eval_fn)  # fmt: skip
                 runs.append(run)
                 bar.update(1)
@@ -362,7 +371,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     names = list(methods(QUICK, None, None))  # type: ignore[arg-type]
-    parser.add_argument("--methods", nargs="+", default=names, choices=names)
+    parser.add_argument("--methods", nargs="+", default=list(TTA_METHODS), choices=names)
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--epochs", type=int, default=None, help="override the epochs")
     parser.add_argument("--width", type=int, default=None, help="override the CNN width")

@@ -69,3 +69,28 @@ def test_hand_step_with_batchnorm_leaves_the_module_alone():
         advance((torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,))))
     for n, b in model.named_buffers():
         torch.testing.assert_close(b, before[n], msg=n)
+
+
+@pytest.mark.slow  # about 10 s on 2 shared cores (eager steps)
+def test_selection_field_smoke(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/selection_field.py", "--smoke", "--write", "--out",
+         str(tmp_path)],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,  # only stops a hung run
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    text = (tmp_path / "selection_field.md").read_text()
+    assert text in proc.stdout
+    assert "Target: full training's mean final accuracy minus 2 pp" in text
+    methods = ["full", "uniform", "top_k", "rank_power", "grad_norm", "loshchilov", "rho_loss",
+               "infobatch", "divbs", "bayesian"]  # fmt: skip
+    for m in methods:
+        assert re.search(rf"^\| {m} \| (all|0\.2) \| \d", text, re.M), m
+    for m in methods[2:]:
+        assert re.search(rf"^- `{m}` vs uniform: .* (beats|ties|loses) \(", text, re.M), m
+    lines = (tmp_path / "selection_field.csv").read_text().splitlines()
+    assert len(lines) == 1 + len(methods)  # header, one run per method

@@ -15,6 +15,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 TIMEOUT_S = 300  # the fast modes take seconds; this only stops a hung run
+# what a script's report must print, beyond exiting cleanly
+PRINTS = {
+    "quickstart.py": (
+        "regime: MNIST-1D",
+        "time to plain's final accuracy",
+        "whole run, selective / plain wall time",
+        "Where selection does not help",
+    ),
+}
 
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
@@ -32,6 +41,8 @@ def test_example_runs_fast(script, tmp_path):
     assert proc.returncode == 0, (
         f"{script.name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+    for line in PRINTS.get(script.name, ()):
+        assert line in proc.stdout, f"{script.name} did not print {line!r}:\n{proc.stdout}"
 
 
 def test_there_are_examples():

@@ -29,7 +29,7 @@ from sbfunc.algorithms.surgery import Surgery
 from sbfunc.distributed import per_rank
 from sbfunc.score import Scoring
 from tests.algorithms.test_registry import CASES, ImageNet, TokenNet, _data, _loss, _sb
-from tests.policies.test_registry import NEEDS_IDS, NUM_IDS, POLICIES
+from tests.policies.test_registry import NEEDS_IDS, NUM_FEATURES, NUM_IDS, POLICIES
 
 STEPS = 2
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
@@ -212,8 +212,12 @@ def _linear_model() -> tuple[nn.Module, Any]:
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_is_unchanged_by_steps(name):
-    model, loss_fn = _linear_model()
     policy = POLICIES[name]()
+    model, loss_fn = _linear_model()
+    if policy.needs:  # the registry's signal policies read 8 features of 3 classes
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, NUM_FEATURES), nn.Tanh(), nn.Linear(NUM_FEATURES, 3))
+        loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
     ids = "ids" if name in NEEDS_IDS else None
     sb = A.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, ids=ids)
     params, buffers = sbfunc.split_module(model, clone=True)

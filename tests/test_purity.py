@@ -32,7 +32,7 @@ from sbfunc.per_sample import batch_grad, batch_l2_grad, sum_grad_squared, varia
 from sbfunc.testing import linear_loss, states
 from tests.algorithms import test_registry as algorithm_registry
 from tests.helpers import assert_identical
-from tests.policies.test_registry import POLICIES
+from tests.policies.test_registry import POLICIES, signals_for
 
 FEATURES, CLASSES = 4, 3
 EXAMPLES = settings(max_examples=12, deadline=None, derandomize=True, database=None)
@@ -281,7 +281,8 @@ def test_every_policy_writes_nothing(name, n, seed):
         scores = sbrandom.uniform(sbrandom.fold_in(key, t), (n,)) * 5
         ids = torch.randperm(64, generator=torch.Generator().manual_seed(seed + t))[:n]
         kwargs = {"key": sbrandom.fold_in(key, 100 + t), "ids": ids, "epoch": t, "elapsed": t / 3}
-        _, state = check_pure(policy.select, scores, state, **kwargs)
+        signals = signals_for(policy, n, seed + t)
+        _, state = check_pure(policy.select, scores, state, signals=signals, **kwargs)
 
 
 def test_select_using_loss_writes_nothing_it_is_given():

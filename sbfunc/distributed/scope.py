@@ -23,6 +23,18 @@ a local selection of a stateless policy without rebalancing, read nothing. A wra
 scores every row (no ``score_rows``) and records no training losses (no ``record``: one rank's
 training losses would make the per-id tables differ across ranks). Non-finite scores follow
 the rule of :mod:`sbfunc.select.base` over the rows each selection ranges over.
+
+A policy that reads per-row signals (``Policy.needs``, see :mod:`sbfunc.score.signals`) gets
+them like the scores: whenever the wrapper gathers, the signals it needs travel as extra
+columns of the same one all-gather (:func:`~sbfunc.distributed.pack_rows`, any dtypes), so a
+local selection replays every rank's shard with that rank's signals and a global selection
+reads the signals of the global batch, concatenated in rank order. Per rank that adds, to the
+``N`` scores (and ids), ``N * C`` logits, ``N * D`` features and ``N`` targets for a policy
+that needs all three (``N (C + D)`` floats and ``N`` int64 targets: ``N (4 (C + D) + 8)``
+bytes in float32, received from each of the ``W - 1`` other ranks); the rebalancing exchange
+moves batch rows only, never signals. A world of one and a local selection of a stateless
+policy hand the signals to the policy as they are, moving nothing. Signals that a policy
+needs but are missing raise before any collective, on every rank alike.
 """
 
 from __future__ import annotations
@@ -39,8 +51,8 @@ from sbfunc.distributed.balance import exchange_plan
 from sbfunc.distributed.comm import Comm
 from sbfunc.distributed.packing import batch_rows, pack_rows, unpack_rows, with_rows
 from sbfunc.policies import Policy, PolicyState
-from sbfunc.policies.base import check_scores
-from sbfunc.score import Signals
+from sbfunc.policies.base import check_scores, check_signals
+from sbfunc.score import SIGNALS, Signals
 from sbfunc.select import Selection
 
 __all__ = ["global_selection", "local_selection"]
@@ -48,9 +60,25 @@ __all__ = ["global_selection", "local_selection"]
 _Chosen = tuple[Selection, PolicyState, list[int] | None]
 """This rank's selection, the next state, and every rank's kept count when known."""
 
+_Shard = tuple[torch.Tensor, torch.Tensor | None, Signals | None]
+"""One rank's scores, ids and the signals the policy needs, as gathered."""
+
 
 def _has_tensors(tree: Any) -> bool:
     return any(isinstance(x, torch.Tensor) for x in optree.tree_leaves(tree))
+
+
+def _concat_signals(shards: list[Signals | None]) -> Signals | None:
+    """The signals of the global batch: each gathered field concatenated in rank order."""
+    first = shards[0]
+    if first is None:
+        return None
+    return Signals(
+        *(
+            None if f is None else torch.cat([getattr(g, name) for g in shards])
+            for name, f in zip(Signals._fields, first, strict=True)
+        )
+    )
 
 
 class _Scope:
@@ -107,6 +135,7 @@ class _Scope:
         check_scores(scores)
         if scored is not None:
             raise ValueError(f"{self.kind}_selection scores every row: pass scored=None")
+        signals = self._needed(scores, signals)
         sel, state, _ = self.choose(scores, state, key, ids, epoch, elapsed, signals)
         return sel, state
 
@@ -130,6 +159,7 @@ class _Scope:
                 "exchanged by the default rule); leave one of them out"
             )
         check_scores(scores)
+        signals = self._needed(scores, signals)
         sel, state, kept = self.choose(scores, state, key, ids, epoch, elapsed, signals)
         rows, weights = take(batch, sel.indices), sel.weights
         if self.comm.world == 1:
@@ -151,12 +181,22 @@ class _Scope:
         mine = torch.tensor([n], dtype=torch.int64, device=device)
         return self.comm.all_gather(mine, purpose="sizes").tolist()
 
+    def _needed(self, scores: torch.Tensor, signals: Signals | None) -> Signals | None:
+        """``signals`` checked to hold every signal the policy needs, before any collective
+        (every rank raises alike instead of one rank waiting in a gather)."""
+        if not self.policy.needs:
+            return signals
+        return check_signals(signals, self.policy.needs, scores.shape[0])
+
     def _gather(
-        self, scores: torch.Tensor, ids: torch.Tensor | None
-    ) -> tuple[list[int], list[tuple[torch.Tensor, torch.Tensor | None]]]:
-        """Every rank's row count and ``(scores, ids)``, in rank order."""
+        self, scores: torch.Tensor, ids: torch.Tensor | None, signals: Signals | None
+    ) -> tuple[list[int], list[_Shard]]:
+        """Every rank's row count and ``(scores, ids, signals)``, in rank order: the signals
+        the policy needs travel as extra columns of the one all-gather."""
+        names = [name for name in SIGNALS if name in self.policy.needs]
         sizes = self._counts(scores.shape[0], scores.device)
-        cols = [scores] if ids is None else [scores, ids.to(scores.device)]
+        extra = [getattr(signals, name).to(scores.device) for name in names]
+        cols = [scores, *([] if ids is None else [ids.to(scores.device)]), *extra]
         packed, layout = pack_rows(cols)
         most = max(sizes)
         if packed.shape[0] < most:  # uneven shards: pad to the longest, drop the padding below
@@ -164,10 +204,12 @@ class _Scope:
                 [packed, packed.new_zeros(most - packed.shape[0], layout.row_bytes)]
             )
         gathered = self.comm.all_gather(packed, purpose="scores")
-        out = []
+        out: list[_Shard] = []
         for r, n in enumerate(sizes):
             parts = unpack_rows(gathered[r * most : r * most + n], layout)
-            out.append((parts[0], parts[1] if ids is not None else None))
+            s, *rest = parts
+            i = None if ids is None else rest.pop(0)
+            out.append((s, i, Signals(**dict(zip(names, rest, strict=True))) if names else None))
         return sizes, out
 
 
@@ -189,10 +231,10 @@ class _Local(_Scope):
             mine_key = sbrandom.fold_in(key, comm.rank)
             sel, state = self._inner(scores, state, mine_key, ids, epoch, elapsed, signals)
             return sel, state, None
-        _, shards = self._gather(scores, ids)
+        _, shards = self._gather(scores, ids, signals)
         kept, mine = [], None
-        for r, (s, i) in enumerate(shards):  # every rank replays every shard, in rank order
-            sel, state = self._inner(s, state, sbrandom.fold_in(key, r), i, epoch, elapsed)
+        for r, (s, i, g) in enumerate(shards):  # every rank replays every shard, in rank order
+            sel, state = self._inner(s, state, sbrandom.fold_in(key, r), i, epoch, elapsed, g)
             kept.append(sel.indices.shape[0])
             mine = sel if r == comm.rank else mine
         assert mine is not None
@@ -215,10 +257,11 @@ class _Global(_Scope):
         if self.comm.world == 1:  # the global batch is this rank's: no bounds to read
             sel, state = self._inner(scores, state, key, ids, epoch, elapsed, signals)
             return sel, state, [sel.indices.shape[0]]
-        sizes, shards = self._gather(scores, ids)
-        g_scores = torch.cat([s for s, _ in shards])
-        g_ids = None if ids is None else torch.cat([i for _, i in shards if i is not None])
-        sel, state = self._inner(g_scores, state, key, g_ids, epoch, elapsed)
+        sizes, shards = self._gather(scores, ids, signals)
+        g_scores = torch.cat([s for s, _, _ in shards])
+        g_ids = None if ids is None else torch.cat([i for _, i, _ in shards if i is not None])
+        g_signals = _concat_signals([g for _, _, g in shards])
+        sel, state = self._inner(g_scores, state, key, g_ids, epoch, elapsed, g_signals)
         offsets = [0, *accumulate(sizes)]
         # Selection indices are sorted: each rank's kept rows are one stretch of them.
         edges = torch.tensor(offsets, dtype=sel.indices.dtype, device=sel.indices.device)

@@ -19,6 +19,8 @@ from sbfunc.policies.base import (
     make_policy,
     stateless,
 )
+from sbfunc.policies.bayesian import BayesianState, bayesian
+from sbfunc.policies.diverse import divbs
 from sbfunc.policies.fixed_count import RhoState, random_subset, rank_power, rho_loss, top_k
 from sbfunc.policies.importance import (
     ImportanceState,
@@ -34,6 +36,7 @@ from sbfunc.policies.queue import Queue, dequeue, empty_queue, enqueue, flush
 from sbfunc.policies.tables import LossHistory, LossTable
 
 __all__ = [
+    "BayesianState",
     "EmptyState",
     "ImportanceState",
     "LossHistory",
@@ -49,8 +52,10 @@ __all__ = [
     "SelectPolicy",
     "StaleState",
     "apply_policy",
+    "bayesian",
     "bernoulli_selection",
     "dequeue",
+    "divbs",
     "empty_queue",
     "enqueue",
     "flush",

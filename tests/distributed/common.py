@@ -15,6 +15,7 @@ import sbfunc
 from sbfunc import distributed as sbdist
 from sbfunc import random as sbrandom
 from sbfunc.policies import Policy
+from sbfunc.score import Signals
 from sbfunc.select import Selection
 
 WORLD, N, BATCH, EPOCHS = 2, 48, 8, 2  # 3 steps per epoch of 16 global rows
@@ -46,6 +47,23 @@ def rank_power() -> Policy:
     return sbfunc.policies.rank_power(0.5)
 
 
+def largest_logits(*, stateful: bool = False) -> Policy:
+    """A policy that reads every signal: the half of the rows of largest logits norm (plus,
+    when ``stateful``, their features' agreement with the sum of the features kept so far)."""
+
+    def rule(scores: torch.Tensor, state: Any, a: sbfunc.policies.SelectArgs) -> Any:
+        logits, features, targets = a.signals
+        priority = logits.norm(dim=1) + 1e-3 * targets
+        if stateful:
+            priority = priority + 0.1 * (features @ state)
+        top = torch.topk(priority, scores.shape[0] // 2).indices
+        sel = Selection(torch.sort(top).values)
+        return sel, (state + features[sel.indices].sum(0) if stateful else state)
+
+    init = (lambda: torch.zeros(8)) if stateful else sbfunc.policies.EmptyState
+    return sbfunc.policies.make_policy(init, rule, needs=("logits", "features", "targets"))
+
+
 class Scenario(NamedTuple):
     kind: str  # "global" or "local"
     rebalance: bool
@@ -68,7 +86,9 @@ SCENARIOS = {
     "global_rank_power_microbatched": Scenario("global", False, microbatch_size=3),
     "global_empty_rank": Scenario("global", False, first_half),
     "global_empty_rank_rebalance": Scenario("global", True, first_half),
+    "global_signals_rebalance": Scenario("global", True, largest_logits),
     "local_rank_power": Scenario("local", False),
+    "local_signals": Scenario("local", False, lambda: largest_logits(stateful=True)),
     "local_stale_sb": Scenario(
         "local",
         False,
@@ -85,7 +105,7 @@ def local_policy(policy: Policy, world: int) -> Policy:
     """One process's stand-in for a local selection: the ranks' parts replayed in rank order,
     each with ``fold_in(key, rank)``."""
 
-    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None):
+    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None, signals=None):
         n, parts = scores.shape[0] // world, []
         for r in range(world):
             part = slice(r * n, (r + 1) * n)
@@ -97,11 +117,16 @@ def local_policy(policy: Policy, world: int) -> Policy:
                 epoch=epoch,
                 elapsed=elapsed,
                 scored=None if scored is None else scored[part],
+                signals=None if signals is None else Signals(*(_rows(f, part) for f in signals)),
             )
             parts.append(sel)
         return _concat(parts, n), state
 
-    return Policy(policy.init, select)
+    return Policy(policy.init, select, needs=policy.needs)
+
+
+def _rows(field: torch.Tensor | None, part: slice) -> torch.Tensor | None:
+    return None if field is None else field[part]
 
 
 def _concat(parts: list[Selection], n: int) -> Selection:

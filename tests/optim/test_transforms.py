@@ -59,6 +59,8 @@ def test_clip_by_global_norm_bounds_the_norm(scale, max_norm, formula):
     norm, before = float(_global_norm(updates)), float(_global_norm(grads))
     assert norm <= max_norm * (1 + 1e-6)
     within = before <= max_norm if formula == "optax" else before + 1e-6 <= max_norm
+    if abs(before - max_norm) <= 1e-6 * max_norm:
+        return  # at the bound: the test's norm and the transform's may round apart by an ulp
     if within:  # left bit for bit
         assert_identical(updates, grads)
     else:  # scaled down, direction kept

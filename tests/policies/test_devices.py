@@ -10,9 +10,10 @@ import sbfunc
 from sbfunc import random as sbrandom
 from tests.meta import META, sync_site
 from tests.meta import empty as _meta
-from tests.policies.test_registry import POLICIES
+from tests.policies.test_registry import NUM_CLASSES, NUM_FEATURES, POLICIES
 
 SYNC_FREE = {"rank_power", "top_k", "random", "loshchilov", "rho_loss", "grad_norm_fixed"}
+SYNC_FREE |= {"divbs", "bayesian", "bayesian_ref"}
 # variable-size selections: the one shape read, by file and function
 SYNCS_AT = {
     "jiang": ("policies/base.py", "bernoulli_selection"),
@@ -37,8 +38,14 @@ def _select_twice(name):
             ids=_meta(12, dtype=torch.int64),
             epoch=torch.tensor(t, device=META),
             elapsed=torch.tensor(0.5, device=META),
+            signals=_meta_signals(12) if policy.needs else None,
         )
     return state
+
+
+def _meta_signals(n):
+    logits, features = _meta(n, NUM_CLASSES), _meta(n, NUM_FEATURES)
+    return sbfunc.score.Signals(logits, features, _meta(n, dtype=torch.int64))
 
 
 def test_every_policy_is_classified():

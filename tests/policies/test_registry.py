@@ -14,6 +14,8 @@ from sbfunc import checkpoint
 from sbfunc import random as sbrandom
 from sbfunc.policies import (
     Policy,
+    bayesian,
+    divbs,
     grad_norm_importance,
     infobatch,
     jiang_cdf,
@@ -24,8 +26,10 @@ from sbfunc.policies import (
     stale_sb,
     top_k,
 )
+from sbfunc.score import Signals
 
 NUM_IDS = 64
+NUM_FEATURES, NUM_CLASSES = 8, 3  # the head of test_devices.py's model
 
 POLICIES = {
     "rank_power": lambda: rank_power(0.5),
@@ -40,8 +44,17 @@ POLICIES = {
     "grad_norm_fixed": lambda: grad_norm_importance(0.5, switch=False, fixed_size=True),
     "rho_loss": lambda: rho_loss(0.5, torch.linspace(0, 1, NUM_IDS)),
     "infobatch": lambda: infobatch(0.5, 0.9, num_ids=NUM_IDS),
+    "divbs": lambda: divbs(0.5),
+    "bayesian": lambda: bayesian(0.5, num_features=NUM_FEATURES, num_classes=NUM_CLASSES, draws=8),
+    "bayesian_ref": lambda: bayesian(
+        0.3,
+        num_features=NUM_FEATURES,
+        num_classes=NUM_CLASSES,
+        reference=-torch.linspace(0, 2, NUM_IDS),
+        draws=4,
+    ),
 }
-NEEDS_IDS = {"stale_sb", "loshchilov", "rho_loss", "infobatch"}
+NEEDS_IDS = {"stale_sb", "loshchilov", "rho_loss", "infobatch", "bayesian_ref"}
 ZERO_WEIGHT_PADDING = {"grad_norm_fixed"}  # a fixed count: undrawn rows kept with weight 0
 
 batches = st.integers(1, 24).flatmap(
@@ -50,6 +63,18 @@ batches = st.integers(1, 24).flatmap(
         st.permutations(range(NUM_IDS)).map(lambda p: p[:n]),
     )
 )
+
+
+def signals_for(policy: Policy, n: int, seed: int = 0) -> Signals | None:
+    """Random signals of ``n`` rows for a policy that needs them (``None`` otherwise)."""
+    if not policy.needs:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    return Signals(
+        torch.randn(n, NUM_CLASSES, generator=g),
+        torch.randn(n, NUM_FEATURES, generator=g),
+        torch.randint(0, NUM_CLASSES, (n,), generator=g),
+    )
 
 
 def run(policy: Policy, steps, seed: int, as_tensors: bool = False, dtype=None):
@@ -70,6 +95,7 @@ def run(policy: Policy, steps, seed: int, as_tensors: bool = False, dtype=None):
             ids=id_t,
             epoch=epoch,
             elapsed=elapsed,
+            signals=signals_for(policy, len(losses), seed + t),
         )
         assert torch.equal(scores, before[0]) and torch.equal(id_t, before[1])  # no mutation
         out.append((sel, state))
@@ -158,20 +184,22 @@ def test_state_round_trips_through_a_weights_only_checkpoint(name):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
     # the restored state selects exactly like the original
     scores, ids, key = torch.rand(12), torch.arange(12), sbrandom.key(9)
-    s1, _ = policy.select(scores, state, key=key, ids=ids, epoch=5)
-    s2, _ = policy.select(scores, loaded, key=key, ids=ids, epoch=5)
+    signals = signals_for(policy, 12)
+    s1, _ = policy.select(scores, state, key=key, ids=ids, epoch=5, signals=signals)
+    s2, _ = policy.select(scores, loaded, key=key, ids=ids, epoch=5, signals=signals)
     assert torch.equal(s1.indices, s2.indices)
 
 
 @pytest.mark.parametrize("name", sorted(NEEDS_IDS))
 def test_id_policies_refuse_a_call_without_ids(name):
     policy = POLICIES[name]()
+    kw = {"key": sbrandom.key(0), "signals": signals_for(policy, 4)}
     with pytest.raises(ValueError, match="needs sample ids"):
-        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0))
+        policy.select(torch.rand(4), policy.init(), **kw)
     with pytest.raises(ValueError, match="shape"):
-        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0), ids=torch.arange(3))
+        policy.select(torch.rand(4), policy.init(), ids=torch.arange(3), **kw)
     with pytest.raises(TypeError, match="integer"):
-        policy.select(torch.rand(4), policy.init(), key=sbrandom.key(0), ids=torch.rand(4))
+        policy.select(torch.rand(4), policy.init(), ids=torch.rand(4), **kw)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -208,10 +236,20 @@ def test_bad_scores_are_refused(name, scores, error):
         lambda: infobatch(1.0, num_ids=4),
         lambda: infobatch(0.5, 1.5, num_ids=4),
         lambda: infobatch(0.5, num_ids=-1),
+        lambda: divbs(0.0),
+        lambda: bayesian(0.5, num_features=0, num_classes=2),
+        lambda: bayesian(0.5, num_features=2, num_classes=2.0),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, alpha=1.5),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, draws=0),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, decay=1.0),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, prior_precision=0.0),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, num_effective_data=-1),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, reference=torch.arange(3)),
     ],
 )
 def test_bad_arguments_fail_at_construction(make):
     with pytest.raises((ValueError, TypeError)) as info:
         make()
-    words = "keep beta history sampling_min num_ids max_age s_e smoothing irreducible"
+    words = "keep beta history sampling_min num_ids max_age s_e smoothing irreducible reference"
+    words += " num_features num_classes alpha draws decay prior_precision num_effective_data"
     assert any(word in str(info.value) for word in (*words.split(), "prune_ratio", "delta"))

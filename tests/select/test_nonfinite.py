@@ -13,7 +13,7 @@ import sbfunc
 from sbfunc import random as sbrandom
 from sbfunc.policies import EmptyState, random_subset, rank_power, top_k
 from sbfunc.select import kept_count, nonfinite_lowest, ranks
-from tests.policies.test_registry import NUM_IDS, POLICIES, ZERO_WEIGHT_PADDING
+from tests.policies.test_registry import NUM_IDS, POLICIES, ZERO_WEIGHT_PADDING, signals_for
 
 NAN, INF = float("nan"), float("inf")
 SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=None)
@@ -47,7 +47,7 @@ def _select(name: str, scores: torch.Tensor, seed: int, state=None):
     ids = torch.arange(scores.shape[0]) % NUM_IDS
     kwargs = {"key": sbrandom.key(seed), "ids": ids, "epoch": 0, "elapsed": 0.3}
     state = policy.init() if state is None else state
-    return policy.select(scores, state, **kwargs)
+    return policy.select(scores, state, signals=signals_for(policy, scores.shape[0]), **kwargs)
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
@@ -143,8 +143,9 @@ def test_all_nan_scores_give_a_random_selection(name, n):
 def test_every_policy_returns_an_empty_selection_and_its_state_for_empty_scores(name):
     policy = POLICIES[name]()
     _, state = policy.select(
-        torch.rand(5), policy.init(), key=sbrandom.key(1), ids=torch.arange(5), epoch=0
-    )
+        torch.rand(5), policy.init(), key=sbrandom.key(1), ids=torch.arange(5), epoch=0,
+        signals=signals_for(policy, 5),
+    )  # fmt: skip
     sel, after = policy.select(
         torch.zeros(0),
         state,
