@@ -62,8 +62,7 @@ def methods(
 ) -> dict[str, Callable[[], list[Any]]]:
     """Each method's algorithms (before the audit) at the kept fraction ``keep`` (default
     ``cfg.keep``). RHO-LOSS's and the Bayesian policy's tables are placeholders here: each run
-    puts its own in the state (:func:`with_run_tables`). ``divbs`` and ``bayesian`` are in the
-    table only when :mod:`sbfunc.policies` has them."""
+    puts its own in the state (:func:`with_run_tables`)."""
     k, n = cfg.keep if keep is None else keep, cfg.train
     grad_scoring = sbfunc.score.Scoring(loss_fn=grad_norm_fn)
     table: dict[str, Callable[[], list[Any]]] = {
@@ -75,18 +74,17 @@ def methods(
         "jiang_var": lambda: [sb(cfg, P.jiang_cdf(1.0))],
         "stale_sb": lambda: [sb(cfg, P.stale_sb(1.0, num_ids=n, max_age=2))],
         "loshchilov": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n, max_age=2))],
+        "loshchilov_k0.3": lambda: [sb(cfg, P.loshchilov(100.0, 0.3, num_ids=n, max_age=2))],
         "infobatch": lambda: [sb(cfg, P.infobatch(0.5, 0.875, num_ids=n))],
         "infobatch_budget": lambda: [sb(cfg, P.infobatch(infobatch_ratio(k), 1.0, num_ids=n))],
         "grad_norm": lambda: [sb(cfg, P.grad_norm_importance(k), scoring=grad_scoring)],
         "rho_loss": lambda: [sb(cfg, P.rho_loss(k, torch.zeros(n)))],
     }
-    if hasattr(P, "divbs"):
-        table["divbs"] = lambda: [sb(cfg, P.divbs(k))]
-    if hasattr(P, "bayesian"):
-        f = head_features(cfg.width)
-        table["bayesian"] = lambda: [
-            sb(cfg, P.bayesian(k, num_features=f, num_classes=10, reference=torch.zeros(n)))
-        ]
+    f = head_features(cfg.width)
+    table["divbs"] = lambda: [sb(cfg, P.divbs(k))]
+    table["bayesian"] = lambda: [
+        sb(cfg, P.bayesian(k, num_features=f, num_classes=10, reference=torch.zeros(n)))
+    ]
     return table
 
 

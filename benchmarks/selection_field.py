@@ -6,19 +6,19 @@ the logit-gradient norm); Loshchilov at the same budget; RHO-LOSS (``rho_loss(b,
 with the holdout-trained irreducible-loss model); InfoBatch aimed at the budget (delta = 1, no
 annealing; ``r = min(0.99, (1 - b) / 0.7)``, whose expected kept share is ``b`` when 70% of
 the rows sit below the mean recorded loss; the measured share is in the table); DivBS
-(``divbs(b)``) and the Bayesian policy (``bayesian(b, reference=-irreducible)``) when
-:mod:`sbfunc.policies` has them. Budgets 0.1, 0.2, 0.3 on MNIST-1D clean and with 20%
-symmetric label noise, 3 seeds.
+(``divbs(b)``) and the Bayesian policy (``bayesian(b, reference=-irreducible)``). Budgets
+0.1, 0.2, 0.3 on MNIST-1D clean and with 20% symmetric label noise, 3 seeds.
 
 One protocol for every method (the pieces of ``benchmarks/time_to_accuracy.py``): the same
 candidate batches (the loader order per seed), Adam with a cosine learning rate to zero over
 the run, the same initial weights per seed and the same epochs; selection is active from the
 first step (no plain warm-up), so every fixed-count method backpropagates ``b`` of the rows.
 One compiled step per method and budget serves every seed and dataset (compile time is
-excluded and reported). Reported per dataset, budget and method: final test accuracy, epochs
-to a target (full training's mean final accuracy minus ``--margin``), training wall time per
-epoch (evaluation excluded) and its ratio to full, and whether the method beats uniform at the
-same k.
+excluded and reported); the runs of one seed and dataset advance interleaved, half an epoch
+each in turn, so the machine's drift falls on every method alike. Reported per dataset,
+budget and method: final test accuracy, epochs to a target (full training's mean final
+accuracy minus ``--margin``), training wall time per epoch (evaluation excluded) and its ratio
+to full, and whether the method beats uniform at the same k.
 
 Run: ``python benchmarks/selection_field.py`` (about 25 minutes on 2 CPU cores; ``--write``
 writes ``docs/results/selection_field.{md,csv}``) or ``--smoke`` (eager steps, seconds).
@@ -41,8 +41,6 @@ import torch
 import torch._dynamo
 from tqdm.auto import tqdm
 
-from sbfunc import policies as P
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _field_report import render, write_csv
 from _tta_methods import methods
@@ -56,6 +54,7 @@ from time_to_accuracy import (
     episode,
     eval_stops,
     il_trainer,
+    interleave,
     one_run,
     seed_init,
     setup,
@@ -71,14 +70,6 @@ FIELD_METHODS = ("plain", "random", "top_k", "rank_power", "grad_norm", "loshchi
                  "rho_loss", "infobatch_budget", "divbs", "bayesian")  # fmt: skip
 NEEDS_IRREDUCIBLE = frozenset({"rho_loss", "bayesian"})
 Entry = tuple[str, float]  # (method, budget); full training has budget 1.0
-
-
-def available(names: list[str]) -> list[str]:
-    """``names`` less the policies :mod:`sbfunc.policies` does not have yet (printed)."""
-    kept = [m for m in names if m not in ("divbs", "bayesian") or hasattr(P, m)]
-    for m in sorted(set(names) - set(kept)):
-        print(f"note: sbfunc.policies has no {m}: its rows are skipped")
-    return kept
 
 
 def compile_all(cfg: Config, s: Setup, names: list[str], budgets: tuple[float, ...], *,
@@ -111,21 +102,23 @@ def summarise(run: Run, budget: float, cfg: Config) -> dict[str, Any]:
 def run_episode(trainers: dict[Entry, Trainer], order: list[Entry], s: Setup, e: Episode,
                 init: tuple[dict, dict], cfg: Config, seed: int, noise: float,
                 bar: Any) -> list[dict[str, Any]]:  # fmt: skip
-    """Every method and budget on one seed and dataset, in ``order``."""
-    eval_fn, rows = s.loss_fn.with_mode("eval"), []
-    for m, b in order:
-        run = one_run(m, trainers[(m, b)], init, s.d.x, e.y, e.flipped, e.irreducible, cfg=cfg,
-                      seed=seed, noise=noise, key=e.key, d=s.d, eval_fn=eval_fn)  # fmt: skip
-        rows.append(summarise(run, b, cfg))
-        bar.update(1)
-        bar.set_postfix(method=m, budget=b, acc=f"{run.final_acc:.3f}")
-    return rows
+    """Every method and budget on one seed and dataset, interleaved half an epoch at a time
+    (in ``order``)."""
+    eval_fn = s.loss_fn.with_mode("eval")
+    runs = interleave([
+        one_run(m, trainers[(m, b)], init, s.d.x, e.y, e.flipped, e.irreducible, cfg=cfg,
+                seed=seed, noise=noise, key=e.key, d=s.d, eval_fn=eval_fn)
+        for m, b in order
+    ])  # fmt: skip
+    bar.update(len(order))
+    return [summarise(run, b, cfg) for run, (_, b) in zip(runs, order, strict=True)]
 
 
 def run_field(cfg: Config, names: list[str], budgets: tuple[float, ...], *,
               compile: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
-    """All runs, interleaved seed-major (seed -> dataset -> method and budget, rotated per
-    seed), and the notes (compile times, irreducible-loss models)."""
+    """All runs, seed-major (seed -> dataset; within one, every method and budget interleaved
+    half an epoch at a time, the order rotated per seed), and the notes (compile times,
+    irreducible-loss models)."""
     s = setup(cfg)
     trainers = compile_all(cfg, s, names, budgets, compile=compile)
     il = il_trainer(cfg, s, compile=compile) if NEEDS_IRREDUCIBLE & set(names) else None
@@ -171,7 +164,7 @@ def main() -> None:
         cfg = replace(cfg, seeds=tuple(range(args.seeds)))
     if args.epochs is not None:
         cfg = replace(cfg, epochs=args.epochs)
-    names = available(["plain", *[m for m in args.methods if m != "plain"]])
+    names = ["plain", *[m for m in args.methods if m != "plain"]]
     compile = args.compiled or not args.smoke
     print(f"config: {asdict(cfg)}; budgets {budgets}; methods {names}; "
           f"{'compiled' if compile else 'eager'} steps")  # fmt: skip

@@ -14,14 +14,16 @@ of :mod:`sbfunc.policies`, at 0% and 20% symmetric label noise, for several seed
 * gets the same budget in epochs (the same loader batches, in the same order per seed) from
   the same initial weights.
 
-Runs are interleaved seed-major (seed -> noise -> method, the method order rotated per seed)
-so machine noise spreads over every method. Per run it records training wall time
-(evaluation excluded), forward and backpropagated samples, final and best test accuracy, the
-wall time to reach the plain run's final accuracy (same seed and noise) and the share of
-backpropagated rows that were mislabelled. Before the runs it measures the regime in one
-interleaved loop: ``T_full`` (a plain step), ``T_kept`` (a plain step on the kept fraction),
-``T_score`` (the scoring forward) and ``T_sb`` (an SB step), and the ideal
-``T_full / (T_score + T_kept)``. Writes ``time_to_accuracy.{md,csv,png}``.
+Runs go seed-major (seed -> noise), and within one seed and noise every method's run
+advances **interleaved, one evaluation interval (half an epoch) each in turn** (the method
+order rotated per seed), so a burst of load or the machine's drift falls on every method
+alike: runs timed one after the other differed by more than SB saves (issue 28). Per run it
+records training wall time (evaluation excluded), forward and backpropagated samples, final
+and best test accuracy, the wall time to reach the plain run's final accuracy (same seed and
+noise) and the share of backpropagated rows that were mislabelled. Before the runs it
+measures the regime in one interleaved loop: ``T_full`` (a plain step), ``T_kept`` (a plain
+step on the kept fraction), ``T_score`` (the scoring forward) and ``T_sb`` (an SB step), and
+the ideal ``T_full / (T_score + T_kept)``. Writes ``time_to_accuracy.{md,csv,png}``.
 
 Run: ``python benchmarks/time_to_accuracy.py`` (about 30 minutes on 2 CPU cores; writes
 ``docs/results/``) or ``--quick`` (a few minutes; writes to a temporary folder).
@@ -40,7 +42,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -182,13 +184,18 @@ def eval_stops(cfg: Config, epochs: int, per_epoch: int) -> list[int]:
     return [*range(every, total, every), total]
 
 
-def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
-          cfg: Config, epochs: int, key: sbrandom.Key,
-          evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
-          ) -> tuple[sbfunc.TrainState, list[tuple[float, float, int, int, Any]]]:  # fmt: skip
-    """``sbfunc.fit`` with the compiled step, paused (untimed) to evaluate; returns the state
-    and the curve (wall, cpu, forwarded, backpropagated, accuracy); its last point holds the
-    totals."""
+Curve = list[tuple[float, float, int, int, Any]]
+"""(wall, cpu, forwarded, backpropagated, accuracy) after each chunk of a run."""
+
+
+def training(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
+             cfg: Config, epochs: int, key: sbrandom.Key,
+             evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
+             ) -> Iterator[tuple[sbfunc.TrainState, Curve]]:  # fmt: skip
+    """``sbfunc.fit`` with the compiled step, a chunk (up to the next evaluation) per
+    ``next``: yields the state and the curve so far after each chunk (the evaluation, after
+    the chunk's timing, is untimed); the curve's last point holds the totals. A caller can
+    advance several runs in turn, a chunk each (:func:`interleave`)."""
     per_epoch = x.shape[0] // cfg.batch
     total = epochs * per_epoch
 
@@ -196,7 +203,7 @@ def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.
         return sbfunc.datasets.batches(x, y, cfg.batch, key=sbrandom.fold_in(key, epoch))
 
     wall = cpu = 0.0
-    curve: list[tuple[float, float, int, int, Any]] = []
+    curve: Curve = []
     for stop in eval_stops(cfg, epochs, per_epoch):
         t0, c0 = time.perf_counter(), time.process_time()
         state = sbfunc.fit(
@@ -208,7 +215,30 @@ def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.
             t = state.time
             acc = evaluate(state) if evaluate is not None else None
             curve.append((wall, cpu, t.samples_forwarded, t.samples_backpropagated, acc))
-    return state, curve
+        yield state, curve
+
+
+def interleave(runs: list[Iterator[Any]]) -> list[Any]:
+    """Advance every run one chunk in turn (A B C A B C ...) until all end: a burst of load
+    on the machine falls on every run alike. Returns each run's last value."""
+    last: list[Any] = [None] * len(runs)
+    live = list(range(len(runs)))
+    while live:
+        for i in list(live):
+            try:
+                last[i] = next(runs[i])
+            except StopIteration:
+                live.remove(i)
+    return last
+
+
+def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
+          cfg: Config, epochs: int, key: sbrandom.Key,
+          evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
+          ) -> tuple[sbfunc.TrainState, Curve]:  # fmt: skip
+    """:func:`training` run to its end: the final state and the whole curve."""
+    return interleave([training(trainer, state, x, y, cfg=cfg, epochs=epochs, key=key,
+                                evaluate=evaluate)])[0]  # fmt: skip
 
 
 def irreducible_losses(
@@ -230,17 +260,25 @@ def irreducible_losses(
 def one_run(method: str, trainer: Trainer, init: tuple[dict, dict], x: torch.Tensor,
             y: torch.Tensor, flipped: torch.Tensor, irreducible: torch.Tensor, *, cfg: Config,
             seed: int, noise: float, key: sbrandom.Key, d: Data,
-            eval_fn: sbfunc.module.ModuleLoss) -> Run:  # fmt: skip
-    """Train one method from the shared initial weights and summarise the run."""
+            eval_fn: sbfunc.module.ModuleLoss) -> Iterator[Run]:  # fmt: skip
+    """Train one method from the shared initial weights, a chunk per ``next`` (see
+    :func:`training`); its last value summarises the run (run it alone with
+    ``interleave([one_run(...)])[0]``)."""
     state = trainer.step.init(*init, key=sbrandom.fold_in(key, 7))
     own = list(state.algorithm_state)
     own[-1] = (own[-1][0], flipped.to(torch.int64))  # the audit's mask for this run
     own[0] = with_run_tables(method, own[0], irreducible)
     state = state._replace(algorithm_state=tuple(own))
-    state, curve = train(trainer, state, x, y, cfg=cfg, epochs=cfg.epochs, key=key,
-                         evaluate=lambda s: accuracy(eval_fn, s.params, s.buffers, d))  # fmt: skip
+    chunks = training(trainer, state, x, y, cfg=cfg, epochs=cfg.epochs, key=key,
+                      evaluate=lambda s: accuracy(eval_fn, s.params, s.buffers, d))  # fmt: skip
+    for state, curve in chunks:
+        yield _summary(method, state, curve, seed, noise)
+
+
+def _summary(method: str, state: sbfunc.TrainState, curve: Curve, seed: int,
+             noise: float) -> Run:  # fmt: skip
     t = state.time
-    accs = [float(c[4]) for c in curve]  # the host reads accuracies once, after the run
+    accs = [float(c[4]) for c in curve]  # the host reads accuracies after the chunk
     mislabelled = int(state.algorithm_state[-1][0])
     points = [(w, c, f, b, a) for (w, c, f, b, _), a in zip(curve, accs, strict=True)]
     return Run(
@@ -340,14 +378,13 @@ def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]
         for noise in cfg.noises:
             e = episode(cfg, s, il if "rho_loss" in names else None, init, seed, noise,
                         notes["il"])  # fmt: skip
-            for method in order:
-                run = one_run(method, trainers[method], init, s.d.x, e.y, e.flipped,
-                              e.irreducible, cfg=cfg, seed=seed, noise=noise, key=e.key, d=s.d,
-                              eval_fn=eval_fn)  # fmt: skip
-                runs.append(run)
-                bar.update(1)
-                bar.set_postfix(method=method, acc=f"{run.final_acc:.3f}",
-                                wall=f"{run.wall_s:.1f}s")  # fmt: skip
+            episode_runs = interleave([
+                one_run(method, trainers[method], init, s.d.x, e.y, e.flipped, e.irreducible,
+                        cfg=cfg, seed=seed, noise=noise, key=e.key, d=s.d, eval_fn=eval_fn)
+                for method in order
+            ])  # fmt: skip
+            runs += episode_runs
+            bar.update(len(order))
     bar.close()
     return score_targets(runs), notes
 

@@ -94,3 +94,18 @@ def test_selection_field_smoke(tmp_path):
         assert re.search(rf"^- `{m}` vs uniform: .* (beats|ties|loses) \(", text, re.M), m
     lines = (tmp_path / "selection_field.csv").read_text().splitlines()
     assert len(lines) == 1 + len(methods)  # header, one run per method
+
+
+@pytest.mark.slow  # a few seconds (eager steps)
+def test_selection_overhead_smoke():
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/selection_overhead.py", "--quick"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=600,  # only stops a hung run
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    for rule in ("plain", "uniform", "divbs", "bayesian", "bayesian_s32"):
+        assert re.search(rf"^\| {rule} \| [\d.]+ \| [\d.]+ \[", proc.stdout, re.M), rule

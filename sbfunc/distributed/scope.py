@@ -115,8 +115,9 @@ class _Scope:
         elapsed: float | torch.Tensor,
         signals: Signals | None = None,
     ) -> tuple[Selection, PolicyState]:
+        extra: dict[str, Any] = {"signals": signals} if self.policy.needs else {}  # 1.0: none
         return self.policy.select(
-            scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed, signals=signals
+            scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed, **extra
         )
 
     def select(

@@ -98,18 +98,20 @@ def apply_policy(
     if check_scores(scores) != n:
         raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
     id_tensor = None if ids is None else extract(batch, ids, "ids")
+    # signals go only to a policy that reads them: a `select` written for 1.0 takes none
+    extra = {"signals": signals} if policy.needs else {}
     if policy.prune is not None:
         if scored is not None:
             raise ValueError("a policy with prune scores every row: pass scored=None")
         return Pruned(
             *policy.prune(
                 batch, scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed,
-                per_sample=per_sample, signals=signals,
+                per_sample=per_sample, **extra,
             )
         )  # fmt: skip
     sel, state = policy.select(
         scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored,
-        signals=signals,
+        **extra,
     )  # fmt: skip
     return Pruned(take(batch, sel.indices, per_sample=per_sample), sel.weights, sel.indices, state)
 

@@ -83,17 +83,14 @@ def gradient_gram(errors: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
 
 
 class _Greedy(NamedTuple):
-    """The greedy state, every vector a combination of the rows ``g_j`` by its coefficients.
+    """The greedy state, a pivoted partial Cholesky factorisation of the Gram matrix.
 
-    ``basis[t]``: the coefficients of orthonormal vector ``q_t`` (zero rows: not yet chosen,
-    or a chosen row that added no direction); ``proj[t, i] = <q_t, g_i>``; ``resid``: the
-    coefficients of the uncovered part of the summed gradient; ``align[i] = <g_i, resid>``;
-    ``fresh[i]``: the squared norm of ``g_i``'s part outside the basis; ``left``: the rows not
-    yet kept."""
+    ``proj[t, i] = <q_t, g_i>`` for the orthonormal vectors ``q_t`` of the kept rows (a zero
+    row: not chosen yet, or a kept row that added no direction); ``align[i] = <g_i, r>`` with
+    ``r`` the part of the summed gradient outside their span; ``fresh[i]``: the squared norm of
+    ``g_i``'s part outside it; ``left``: the rows not yet kept."""
 
-    basis: torch.Tensor
     proj: torch.Tensor
-    resid: torch.Tensor
     align: torch.Tensor
     fresh: torch.Tensor
     left: torch.Tensor
@@ -144,28 +141,29 @@ def _choose(s: _Greedy, c: _Consts) -> torch.Tensor:
     ``rtol``); once the residual is covered, a random row that adds a new direction; once none
     does, a random row. Kept rows are masked out with ``-inf``."""
     score = torch.where(s.left, s.align.abs(), -torch.inf)
-    aligned = s.left & (score >= score.amax() * (1.0 - c.rtol)) & (s.resid @ s.align > c.covered)
+    uncovered = s.align.sum() > c.covered  # sum_i <g_i, r> = ||r||^2
+    aligned = s.left & (score >= score.amax() * (1.0 - c.rtol)) & uncovered
     adds = s.left & (s.fresh > c.nothing)
     pool = torch.where(aligned.any(), aligned, torch.where(adds.any(), adds, s.left))
     return torch.where(pool, c.prio, -torch.inf).argmax()
 
 
 def _add(s: _Greedy, c: _Consts, j: torch.Tensor, t: int) -> _Greedy:
-    """``s`` with row ``j`` kept as step ``t``: Gram-Schmidt ``g_j`` against the basis (twice,
-    for orthogonality in floating point) and take its component out of the residual."""
-    g, rows = c.gram, torch.arange(c.gram.shape[0], device=c.gram.device)
-    coeff = (rows == j).to(g.dtype) - s.proj.index_select(1, j.reshape(1)).reshape(-1) @ s.basis
-    coeff = coeff - s.basis @ (g @ coeff) @ s.basis
-    g_coeff = g @ coeff
-    norm2 = coeff @ g_coeff
-    adds = norm2 > c.nothing.index_select(0, j.reshape(1)).reshape(())
-    scale = torch.where(adds, norm2.clamp_min(torch.finfo(g.dtype).tiny).rsqrt(), 0.0)
-    q, q_g = coeff * scale, g_coeff * scale  # q_t and <q_t, g_i>
-    along = q_g @ s.resid  # <q_t, resid>
-    basis, proj = s.basis.clone(), s.proj.clone()
-    basis[t], proj[t] = q, q_g
-    resid, align, fresh = s.resid - along * q, s.align - along * q_g, s.fresh - q_g**2
-    return _Greedy(basis, proj, resid, align, fresh, s.left & (rows != j))
+    """``s`` with row ``j`` kept as step ``t``: one step of pivoted Cholesky. ``g_j``'s part
+    outside the span, ``u = g_j - sum_s <q_s, g_j> q_s``, has ``<u, g_i> = G[j, i] -
+    sum_s proj[s, j] proj[s, i]`` and ``||u||^2 = fresh[j]``; ``q_t = u / ||u||``, and the
+    residual loses its component ``<q_t, r> = <q_t, sum_i g_i> = sum_i <q_t, g_i>``."""
+    j1 = j.reshape(1)
+    row = c.gram.index_select(0, j1).reshape(-1) - s.proj.index_select(1, j1).reshape(-1) @ s.proj
+    norm2 = s.fresh.index_select(0, j1).reshape(())
+    adds = norm2 > c.nothing.index_select(0, j1).reshape(())
+    scale = torch.where(adds, norm2.clamp_min(torch.finfo(row.dtype).tiny).rsqrt(), 0.0)
+    q_g = row * scale  # <q_t, g_i>
+    steps = torch.arange(s.proj.shape[0], device=row.device)
+    proj = torch.where((steps == t).unsqueeze(1), q_g.unsqueeze(0), s.proj)
+    rows = torch.arange(row.shape[0], device=row.device)
+    align = s.align - q_g.sum() * q_g
+    return _Greedy(proj, align, (s.fresh - q_g**2).clamp_min(0.0), s.left & (rows != j))
 
 
 def divbs_indices(gram: torch.Tensor, k: int, *, key: Key | None = None) -> torch.Tensor:
@@ -174,9 +172,10 @@ def divbs_indices(gram: torch.Tensor, k: int, *, key: Key | None = None) -> torc
 
     Start from the residual ``r = sum_i g_i``; ``k`` times, keep the row of largest
     ``|<g_i, r>|``, Gram-Schmidt it against the kept rows into ``q`` and set
-    ``r <- r - <q, r> q``. Every vector is held as coefficients over the rows, so each inner
-    product is a product with ``gram``: ``O(k N^2)`` work, fixed shapes, no host reads (a
-    Python loop of ``k`` steps). Rows scoring within a relative ``sqrt(eps)`` of the best tie.
+    ``r <- r - <q, r> q``. Only inner products are kept, as a pivoted partial Cholesky
+    factorisation of ``gram`` (each ``<q_t, g_i>``): ``O(k^2 N)`` work, fixed shapes, no host
+    reads (a Python loop of ``k`` steps of a few vector operations). Rows scoring within a
+    relative ``sqrt(eps)`` of the best tie.
     Once ``r`` is covered (to a relative ``sqrt(eps)``: the sum lies in the kept rows' span),
     the rows that still add a new direction come first, then the rest (duplicates, zero
     features), each time in the key's random order (``key=None``: lowest index first). Rows
@@ -216,9 +215,8 @@ def divbs_indices(gram: torch.Tensor, k: int, *, key: Key | None = None) -> torc
     if key is not None:
         check_key(key, "key")
     c = _consts(_finite_gram(gram), key)
-    ones = c.gram.new_ones(n)
-    zeros = c.gram.new_zeros(k, n)
-    s = _Greedy(zeros, zeros, ones, c.gram @ ones, c.gram.diagonal().clone(), ones > 0)
+    g = c.gram
+    s = _Greedy(g.new_zeros(k, n), g.sum(1), g.diagonal().clone(), g.new_ones(n) > 0)
     picks = []
     for t in range(k):
         j = _choose(s, c)

@@ -5,7 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sbfunc
 from sbfunc import random as sbrandom
+from sbfunc.distributed import local_selection
 from sbfunc.policies import apply_policy, infobatch, jiang_cdf, stale_sb
 from sbfunc.policies.apply import score_needed, unscorable_dropped
 
@@ -97,3 +99,20 @@ def test_unscorable_dropped_counts_the_left_out_rows_that_could_not_be_scored(ro
     assert count.dtype == torch.int64 and count.shape == () and int(count) == expected
     everything = unscorable_dropped(scores, None, kept)  # every score fresh
     assert int(everything) == sum(not r[2] and not math.isfinite(r[0]) for r in rows)
+
+
+def test_a_policy_written_for_1_0_takes_no_signals_argument():
+    """A hand-built ``Policy(init, select)`` whose ``select`` predates ``signals=`` still runs:
+    signals go only to a policy that ``needs`` them."""
+
+    def select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0, scored=None):
+        return sbfunc.select.Selection(scores.argmax().reshape(1)), state
+
+    policy = sbfunc.policies.Policy(lambda: (), select)
+    out = sbfunc.policies.apply_policy(
+        policy, (), (torch.arange(3),), torch.tensor([0.0, 2.0, 1.0]), key=sbfunc.random.key(0)
+    )
+    assert out.indices.tolist() == [1]
+    wrapped = local_selection(policy)
+    sel, _ = wrapped.select(torch.tensor([0.0, 2.0, 1.0]), (), key=sbfunc.random.key(0))
+    assert sel.indices.tolist() == [1]

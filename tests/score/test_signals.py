@@ -268,3 +268,20 @@ def test_the_closed_form_embedding_is_the_last_layer_s_per_sample_gradient(
         params["2.weight"], *batch
     ).reshape(n, -1)
     torch.testing.assert_close(gram, per_sample @ per_sample.T)
+
+
+def test_a_signal_policy_fills_the_refill_queue():
+    model = mlp()
+    batch = batch_of(4)
+    sb = sbfunc.SelectiveBackprop(
+        0.0, 1.0, interrupt=0, policy=sbfunc.policies.divbs(0.5), refill=batch
+    )
+    step = sbfunc.make_train_step(
+        sbfunc.per_sample_loss(model, F.cross_entropy), sbfunc.optim.sgd(0.1), [sb]
+    )
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    counts = []
+    for seed in range(4):
+        state, metrics = step(state, batch_of(4, seed=seed))
+        counts.append(metrics.samples_backpropagated)
+    assert counts == [0, 4, 0, 4]  # two kept rows a batch, a full batch of 4 every second step
