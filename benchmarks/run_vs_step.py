@@ -29,7 +29,6 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -71,39 +70,6 @@ def report(grain: str, unit: str, times: dict[str, list[float]], scale: float) -
           f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} pairs")  # fmt: skip
 
 
-class Timed:
-    """A step that records the wall time of every call (a whole run's time inside its steps;
-    the CPU step is synchronous, so a call's time is its work)."""
-
-    def __init__(self, step: Callable[..., Any]) -> None:
-        self.step, self.times = step, []
-
-    def __call__(self, *args: Any) -> Any:
-        t0 = time.perf_counter()
-        out = self.step(*args)
-        self.times.append(time.perf_counter() - t0)
-        return out
-
-
-def profile(runs: dict[str, list[float]], inside: dict[str, list[list[float]]],
-            start: float) -> None:  # fmt: skip
-    """Where a whole run's time goes: inside its steps (before SB's window and in it) and
-    between them (the loader, ``fit``'s bookkeeping, the epoch edges), medians over runs."""
-    print("run profile (medians over runs): wall = steps + between steps")
-    for name, times in inside.items():
-        first = [t[: round(start * len(t))] for t in times]
-        window = [t[round(start * len(t)) :] for t in times]
-        wall = statistics.median(runs[name])
-        in_steps = statistics.median(sum(t) for t in times)
-        between = statistics.median(w - sum(t) for w, t in zip(runs[name], times, strict=True))
-        n = len(times[0])
-        before = statistics.median(map(statistics.median, first)) * 1e3
-        during = statistics.median(map(statistics.median, window)) * 1e3
-        print(f"  {name:10} wall {wall:.2f} s = steps {in_steps:.2f} s + between "
-              f"{between * 1e3:.0f} ms ({between / n * 1e6:.0f} us a step over {n} steps); "
-              f"step before the window {before:.1f} ms, in it {during:.1f} ms")  # fmt: skip
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="pairs per grain (>= 1)")
@@ -136,15 +102,11 @@ def main() -> None:
 
         return run
 
-    inside_runs: dict[str, list[list[float]]] = {n: [] for n in METHODS}
-
     def whole(name: str) -> Callable[[], float]:
         def run() -> float:
             state = methods[name].step.init(*init, key=sbrandom.key(5))
-            timed = Timed(methods[name].compiled)
-            _, curve = tta.train(methods[name]._replace(compiled=timed), state, d.x, d.y,
-                                 cfg=cfg, epochs=cfg.epochs, key=sbrandom.key(3))  # fmt: skip
-            inside_runs[name].append(timed.times)
+            _, curve = tta.train(methods[name], state, d.x, d.y, cfg=cfg, epochs=cfg.epochs,
+                                 key=sbrandom.key(3))  # fmt: skip
             return curve[-1][0]
 
         return run
@@ -152,9 +114,7 @@ def main() -> None:
     report("step", "ms", alternate({n: steps(n, 1) for n in METHODS}, 16 * args.rounds), 1e3)
     report("epoch", "ms", alternate({n: steps(n, len(batches)) for n in METHODS}, args.rounds),
            1e3)  # fmt: skip
-    runs = alternate({n: whole(n) for n in METHODS}, args.rounds)
-    report("run", "s", runs, 1.0)
-    profile(runs, inside_runs, cfg.start)
+    report("run", "s", alternate({n: whole(n) for n in METHODS}, args.rounds), 1.0)
     inside = 1.0 - cfg.start
     print(f"a run's expected SB / plain from the step ratio r: {1 - inside:.2f} + {inside:.2f} r "
           "(SB's window is the last 90% of the steps)")  # fmt: skip

@@ -19,18 +19,20 @@ from _timing import interleaved  # noqa: E402
 NO_PRECISION = "precision= not available"  # the one documented FAILED row (gpu.py)
 
 
+def run_script(*args: str) -> subprocess.CompletedProcess:
+    """Run a benchmark script from the repository root; fail with its output's tail."""
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=dict(os.environ), capture_output=True,
+        text=True, timeout=600,  # only stops a hung run
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
 @pytest.mark.slow  # about 50 s on 2 shared cores
 def test_gpu_benchmark_quick_cpu_smoke(tmp_path):
     out = tmp_path / "gpu.md"
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(out)],
-        cwd=ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=600,  # only stops a hung run
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = run_script("benchmarks/gpu.py", "--device", "cpu", "--quick", "--out", str(out))
     text = out.read_text()
     assert text.startswith("## GPU benchmark: ")
     head = "| row | ms/step median [IQR] | vs loop [IQR] | vs hand compiled [IQR] | peak MiB |"
@@ -73,16 +75,9 @@ def test_hand_step_with_batchnorm_leaves_the_module_alone():
 
 @pytest.mark.slow  # about 10 s on 2 shared cores (eager steps)
 def test_selection_field_smoke(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/selection_field.py", "--smoke", "--write", "--out",
-         str(tmp_path)],
-        cwd=ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=600,  # only stops a hung run
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = run_script(
+        "benchmarks/selection_field.py", "--smoke", "--write", "--out", str(tmp_path)
+    )
     text = (tmp_path / "selection_field.md").read_text()
     assert text in proc.stdout
     assert "Target: full training's mean final accuracy minus 2 pp" in text
@@ -98,14 +93,6 @@ def test_selection_field_smoke(tmp_path):
 
 @pytest.mark.slow  # a few seconds (eager steps)
 def test_selection_overhead_smoke():
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/selection_overhead.py", "--quick"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        capture_output=True,
-        text=True,
-        timeout=600,  # only stops a hung run
-    )
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = run_script("benchmarks/selection_overhead.py", "--quick")
     for rule in ("plain", "uniform", "divbs", "bayesian", "bayesian_s32"):
         assert re.search(rf"^\| {rule} \| [\d.]+ \| [\d.]+ \[", proc.stdout, re.M), rule
