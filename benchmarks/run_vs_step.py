@@ -27,8 +27,10 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +72,55 @@ def report(grain: str, unit: str, times: dict[str, list[float]], scale: float) -
           f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} pairs")  # fmt: skip
 
 
+class Stamped:
+    """The study's loader for ``fit``, noting when each batch is asked for and how long the
+    loader takes to make it: the gap between two asks is one step of the run (with ``fit``'s
+    own work between steps), and the loader's share of it is measured apart."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int, key: torch.Tensor) -> None:
+        self.x, self.y, self.batch, self.key = x, y, batch, key
+        self.asked: list[float] = []
+        self.loading: list[float] = []
+
+    def __call__(self, epoch: int) -> Iterator[Any]:
+        key = sbrandom.fold_in(self.key, epoch)
+        inner = iter(sbfunc.datasets.batches(self.x, self.y, self.batch, key=key))
+        while True:
+            t0 = time.perf_counter()
+            batch = next(inner, None)
+            if batch is None:
+                return
+            self.asked.append(t0)
+            self.loading.append(time.perf_counter() - t0)
+            yield batch
+
+    def close(self, end: float) -> Stamped:
+        """Note the run's end (the last step's end): ``steps()`` is then defined."""
+        self.asked.append(end)
+        return self
+
+    def steps(self) -> list[float]:
+        """Each step's time in the run, the loader excluded (gap between asks less loading)."""
+        gaps = [b - a for a, b in pairwise(self.asked)]
+        return [g - load for g, load in zip(gaps, self.loading, strict=True)]
+
+
+def profile(loaders: dict[str, list[Stamped]], start: float) -> None:
+    """A whole run's steps against the single-step grain: the median step before SB's window
+    and inside it, the loader's share, and the run ratio those steps predict."""
+    inside: dict[str, float] = {}
+    for name, runs in loaders.items():
+        steps = [r.steps() for r in runs]
+        cut = round(start * len(steps[0]))
+        before = statistics.median(statistics.median(s[:cut]) for s in steps)
+        inside[name] = statistics.median(statistics.median(s[cut:]) for s in steps)
+        load = statistics.median(sum(r.loading) / len(r.loading) for r in runs)
+        print(f"in-run {name:10} step before the window {before * 1e3:.1f} ms, inside it "
+              f"{inside[name] * 1e3:.1f} ms; loader {load * 1e6:.0f} us a batch")  # fmt: skip
+    r = inside["rank_power"] / inside["plain"]
+    print(f"in-run step ratio {r:.2f}: a run's predicted SB / plain {start + (1 - start) * r:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="pairs per grain (>= 1)")
@@ -102,12 +153,18 @@ def main() -> None:
 
         return run
 
+    loaders: dict[str, list[Stamped]] = {n: [] for n in METHODS}
+
     def whole(name: str) -> Callable[[], float]:
         def run() -> float:
             state = methods[name].step.init(*init, key=sbrandom.key(5))
-            _, curve = tta.train(methods[name], state, d.x, d.y, cfg=cfg, epochs=cfg.epochs,
-                                 key=sbrandom.key(3))  # fmt: skip
-            return curve[-1][0]
+            data = Stamped(d.x, d.y, cfg.batch, sbrandom.key(3))
+            t0 = time.perf_counter()
+            sbfunc.fit(methods[name].compiled, state, data, epochs=cfg.epochs,
+                       steps_per_epoch=len(batches), progress=False, history=False)  # fmt: skip
+            wall = time.perf_counter() - t0
+            loaders[name].append(data.close(t0 + wall))
+            return wall
 
         return run
 
@@ -115,6 +172,7 @@ def main() -> None:
     report("epoch", "ms", alternate({n: steps(n, len(batches)) for n in METHODS}, args.rounds),
            1e3)  # fmt: skip
     report("run", "s", alternate({n: whole(n) for n in METHODS}, args.rounds), 1.0)
+    profile(loaders, cfg.start)
     inside = 1.0 - cfg.start
     print(f"a run's expected SB / plain from the step ratio r: {1 - inside:.2f} + {inside:.2f} r "
           "(SB's window is the last 90% of the steps)")  # fmt: skip
