@@ -51,8 +51,9 @@ from sbfunc.distributed.balance import exchange_plan
 from sbfunc.distributed.comm import Comm
 from sbfunc.distributed.packing import batch_rows, pack_rows, unpack_rows, with_rows
 from sbfunc.policies import Policy, PolicyState
-from sbfunc.policies.base import check_scores, check_signals
+from sbfunc.policies.base import check_scores
 from sbfunc.score import SIGNALS, Signals
+from sbfunc.score.signals import check_signals
 from sbfunc.select import Selection
 
 __all__ = ["global_selection", "local_selection"]

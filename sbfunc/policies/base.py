@@ -33,7 +33,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc import validation
 from sbfunc.policies.placement import follow, following
-from sbfunc.score.signals import Signals, check_needs
+from sbfunc.score.signals import Signals, check_needs, check_signals
 from sbfunc.select import Selection
 from sbfunc.types import EmptyState
 
@@ -49,7 +49,6 @@ __all__ = [
     "bernoulli_selection",
     "check_ids",
     "check_scores",
-    "check_signals",
     "horvitz_thompson",
     "make_policy",
     "stateless",
@@ -315,35 +314,6 @@ class SelectArgs(NamedTuple):
     elapsed: float | torch.Tensor = 0.0
     scored: torch.Tensor | None = None
     signals: Signals | None = None
-
-
-def check_signals(signals: Signals | None, needs: frozenset[str], n: int) -> Signals:
-    """The ``signals`` a policy that ``needs`` them was given, checked: each named field a
-    tensor of ``n`` rows.
-
-    Raises:
-        ValueError: for a missing signal (``signals=None`` or a ``None`` field), or one with
-            another number of rows.
-
-    Example:
-        >>> from sbfunc.policies.base import check_signals
-        >>> from sbfunc.score import Signals
-        >>> check_signals(Signals(logits=torch.zeros(2, 3)), frozenset({"logits"}), 2).logits.shape
-        torch.Size([2, 3])
-    """
-    given = Signals() if signals is None else signals
-    for name in sorted(needs):
-        value = getattr(given, name)
-        if not isinstance(value, torch.Tensor):
-            raise ValueError(
-                f"this policy reads the signal {name!r}: pass select(..., signals="
-                f"sbfunc.score.Signals({name}=...)) (SelectiveBackprop's scoring does)"
-            )
-        if value.dim() == 0 or value.shape[0] != n:
-            raise ValueError(
-                f"signals.{name} must have one row per score ({n}), got shape {tuple(value.shape)}"
-            )
-    return given
 
 
 def make_policy(

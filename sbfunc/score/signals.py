@@ -23,7 +23,15 @@ from sbfunc.module import LossFn, ModuleLoss, Params, reduce_per_sample
 from sbfunc.score.downsample import downsample_batch
 from sbfunc.score.losses import batch_device, scoring_precision
 
-__all__ = ["SIGNALS", "SignalScorer", "Signals", "check_needs", "find_head", "score_signals"]
+__all__ = [
+    "SIGNALS",
+    "SignalScorer",
+    "Signals",
+    "check_needs",
+    "check_signals",
+    "find_head",
+    "score_signals",
+]
 
 SIGNALS = ("logits", "features", "targets")
 """The signals a policy can read (``Policy.needs``), besides the per-row score."""
@@ -70,6 +78,34 @@ def check_needs(needs: Iterable[str], name: str = "needs") -> frozenset[str]:
     if unknown:
         raise ValueError(f"{name} may name only {SIGNALS}, got {unknown}")
     return names
+
+
+def check_signals(signals: Signals | None, needs: frozenset[str], n: int) -> Signals:
+    """The ``signals`` a policy that ``needs`` them was given, checked: each named field a
+    tensor of ``n`` rows.
+
+    Raises:
+        ValueError: for a missing signal (``signals=None`` or a ``None`` field), or one with
+            another number of rows.
+
+    Example:
+        >>> from sbfunc.score.signals import Signals, check_signals
+        >>> check_signals(Signals(logits=torch.zeros(2, 3)), frozenset({"logits"}), 2).logits.shape
+        torch.Size([2, 3])
+    """
+    given = Signals() if signals is None else signals
+    for name in sorted(needs):
+        value = getattr(given, name)
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(
+                f"this policy reads the signal {name!r}: pass select(..., signals="
+                f"sbfunc.score.Signals({name}=...)) (SelectiveBackprop's scoring does)"
+            )
+        if value.dim() == 0 or value.shape[0] != n:
+            raise ValueError(
+                f"signals.{name} must have one row per score ({n}), got shape {tuple(value.shape)}"
+            )
+    return given
 
 
 def find_head(module: nn.Module, head: str | None = None) -> str:

@@ -10,9 +10,8 @@ from torch import nn
 
 import sbfunc
 from sbfunc.policies import make_policy
-from sbfunc.policies.base import check_signals
 from sbfunc.score import SIGNALS, Signals, SignalScorer, score_signals
-from sbfunc.score.signals import check_needs, find_head
+from sbfunc.score.signals import check_needs, check_signals, find_head
 from sbfunc.select import Selection, gradient_gram, last_layer_errors
 from tests.meta import META, host_read, to_meta
 
