@@ -18,7 +18,7 @@ from sbfunc import policies as P
 # time_to_accuracy.py's methods (its default set; the table holds the field's methods too)
 TTA_METHODS = (
     "plain", "rank_power", "rank_power_s0.5", "top_k", "random", "jiang_var", "stale_sb",
-    "loshchilov", "infobatch", "grad_norm", "rho_loss",
+    "loshchilov", "loshchilov_noage", "infobatch", "grad_norm", "rho_loss",
 )  # fmt: skip
 # InfoBatch keeps 1 - r * f of a batch, f the share of rows below the mean recorded loss:
 # the field assumes f = 0.7 to aim at a budget, and r < 1 caps how low it goes
@@ -75,6 +75,8 @@ def methods(
         "stale_sb": lambda: [sb(cfg, P.stale_sb(1.0, num_ids=n, max_age=2))],
         "loshchilov": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n, max_age=2))],
         "loshchilov_k0.3": lambda: [sb(cfg, P.loshchilov(100.0, 0.3, num_ids=n, max_age=2))],
+        # never rescored: after its first epoch the step forwards only the kept rows
+        "loshchilov_noage": lambda: [sb(cfg, P.loshchilov(100.0, k, num_ids=n))],
         "infobatch": lambda: [sb(cfg, P.infobatch(0.5, 0.875, num_ids=n))],
         "infobatch_budget": lambda: [sb(cfg, P.infobatch(infobatch_ratio(k), 1.0, num_ids=n))],
         "grad_norm": lambda: [sb(cfg, P.grad_norm_importance(k), scoring=grad_scoring)],

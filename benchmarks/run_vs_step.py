@@ -1,20 +1,22 @@
 """Does a whole Selective Backprop run reach its step-level speed-up? Three grains, one process.
 
-The time-to-accuracy study's plain and rank-power SB steps (width-96 CNN on MNIST-1D, batch
-256, keep 0.5, Adam + cosine, both compiled with ``step.compile()`` and warmed up), timed at
-three grains, each alternating the two methods so that the machine's drift falls on both:
+The time-to-accuracy study's plain step and SB steps (default: rank-power; ``--methods`` takes
+any of the study's methods; width-96 CNN on MNIST-1D, batch 256, keep 0.5, Adam + cosine, all
+compiled with ``step.compile()`` and warmed up), timed at three grains (``--grains``), each
+alternating the methods so that the machine's drift falls on all of them:
 
 * ``step``: single steps, interleaved A B A B (the study's regime; SB inside its window);
 * ``epoch``: blocks of one epoch of consecutive steps (31), alternating A B B A ...;
 * ``run``: whole ``sbfunc.fit`` runs of the study (8 epochs, SB from 10% of training, as the
   study runs them but without its evaluation pauses), alternating A B B A ...
 
-It prints each grain's median per-step (or per-run) times and the SB / plain ratio per pair:
-median [min-max]. A whole run's expected ratio is the step ratio weighted by the share of
-steps inside SB's window.
+It prints each grain's median per-step (or per-run) times and each method's ratio to plain per
+round: median [min-max]. A whole run's expected ratio is the step ratio weighted by the share
+of steps inside SB's window; the ``run`` grain also times each step inside the runs.
 
-Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` pairs per grain, default 6;
-``--quick``: a smoke run on the study's quick sizes).
+Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` rounds per grain, default 6;
+``--quick``: a smoke run on the study's quick sizes), e.g. ``--methods rank_power loshchilov
+--grains run``.
 """
 
 from __future__ import annotations
@@ -41,22 +43,23 @@ from sbfunc import random as sbrandom
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import time_to_accuracy as tta
 
-METHODS = ("plain", "rank_power")
+GRAINS = ("step", "epoch", "run")
 
 
 def trainers(cfg: tta.Config, d: tta.Data, init: tuple[dict, dict],
-             loss_fn: sbfunc.module.ModuleLoss) -> dict[str, tta.Trainer]:  # fmt: skip
+             loss_fn: sbfunc.module.ModuleLoss,
+             names: list[str]) -> dict[str, tta.Trainer]:  # fmt: skip
     table = tta.methods(cfg, loss_fn, loss_fn)
     steps = cfg.epochs * (cfg.train // cfg.batch)
     out = {}
-    for name in METHODS:
+    for name in names:
         trainer = tta.build(cfg, [*table[name](), tta.Audit(cfg.train)], loss_fn, steps)
         out[name] = tta.warm_up(trainer, init, d.x, d.y, cfg)
     return out
 
 
 def alternate(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """``rounds`` pairs, the order flipped every round (A B, B A, ...)."""
+    """``rounds`` rounds, the order reversed every round (A B C, C B A, ...)."""
     names = list(fns)
     out: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
@@ -66,10 +69,13 @@ def alternate(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, lis
 
 
 def report(grain: str, unit: str, times: dict[str, list[float]], scale: float) -> None:
-    ratios = [s / p for s, p in zip(times["rank_power"], times["plain"], strict=True)]
     parts = [f"{n} {statistics.median(v) * scale:.1f} {unit}" for n, v in times.items()]
-    print(f"{grain:6} {', '.join(parts)}; SB / plain {statistics.median(ratios):.2f} "
-          f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} pairs")  # fmt: skip
+    print(f"{grain:6} {', '.join(parts)}")
+    for name, own in times.items():
+        if name != "plain":
+            ratios = [s / p for s, p in zip(own, times["plain"], strict=True)]
+            print(f"       {name} / plain {statistics.median(ratios):.2f} "
+                  f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(ratios)} rounds")  # fmt: skip
 
 
 class Stamped:
@@ -117,17 +123,25 @@ def profile(loaders: dict[str, list[Stamped]], start: float) -> None:
         load = statistics.median(sum(r.loading) / len(r.loading) for r in runs)
         print(f"in-run {name:10} step before the window {before * 1e3:.1f} ms, inside it "
               f"{inside[name] * 1e3:.1f} ms; loader {load * 1e6:.0f} us a batch")  # fmt: skip
-    r = inside["rank_power"] / inside["plain"]
-    print(f"in-run step ratio {r:.2f}: a run's predicted SB / plain {start + (1 - start) * r:.2f}")
+    for name in inside:
+        if name != "plain":
+            r = inside[name] / inside["plain"]
+            print(f"in-run {name} / plain step ratio {r:.2f}: a run's predicted ratio "
+                  f"{start + (1 - start) * r:.2f}")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="pairs per grain (>= 1)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per grain (>= 1)")
     parser.add_argument("--quick", action="store_true", help="the study's quick sizes")
+    names = [n for n in tta.methods(tta.QUICK, None, None) if n != "plain"]  # type: ignore[arg-type]
+    parser.add_argument("--methods", nargs="+", default=["rank_power"], choices=names,
+                        help="SB methods timed against plain")  # fmt: skip
+    parser.add_argument("--grains", nargs="+", default=list(GRAINS), choices=GRAINS)
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    chosen = ["plain", *dict.fromkeys(args.methods)]
     torch.set_num_threads(2)
     cfg = tta.QUICK if args.quick else tta.FULL
     d = tta.load_data(cfg)
@@ -135,7 +149,7 @@ def main() -> None:
     model = tta.make_model(cfg.width)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     init = sbfunc.split_module(model, clone=True)
-    methods = trainers(cfg, d, init, loss_fn)
+    methods = trainers(cfg, d, init, loss_fn, chosen)
     batches = list(sbfunc.datasets.batches(d.x, d.y, cfg.batch, key=sbrandom.key(9)))
     states = {}
     for name, trainer in methods.items():  # mid-run of a long run: inside SB's window
@@ -153,7 +167,7 @@ def main() -> None:
 
         return run
 
-    loaders: dict[str, list[Stamped]] = {n: [] for n in METHODS}
+    loaders: dict[str, list[Stamped]] = {n: [] for n in chosen}
 
     def whole(name: str) -> Callable[[], float]:
         def run() -> float:
@@ -168,11 +182,14 @@ def main() -> None:
 
         return run
 
-    report("step", "ms", alternate({n: steps(n, 1) for n in METHODS}, 16 * args.rounds), 1e3)
-    report("epoch", "ms", alternate({n: steps(n, len(batches)) for n in METHODS}, args.rounds),
-           1e3)  # fmt: skip
-    report("run", "s", alternate({n: whole(n) for n in METHODS}, args.rounds), 1.0)
-    profile(loaders, cfg.start)
+    if "step" in args.grains:
+        report("step", "ms", alternate({n: steps(n, 1) for n in chosen}, 16 * args.rounds), 1e3)
+    if "epoch" in args.grains:
+        per_epoch = {n: steps(n, len(batches)) for n in chosen}
+        report("epoch", "ms", alternate(per_epoch, args.rounds), 1e3)
+    if "run" in args.grains:
+        report("run", "s", alternate({n: whole(n) for n in chosen}, args.rounds), 1.0)
+        profile(loaders, cfg.start)
     inside = 1.0 - cfg.start
     print(f"a run's expected SB / plain from the step ratio r: {1 - inside:.2f} + {inside:.2f} r "
           "(SB's window is the last 90% of the steps)")  # fmt: skip

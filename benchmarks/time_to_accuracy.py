@@ -23,7 +23,10 @@ and best test accuracy, the wall time to reach the plain run's final accuracy (s
 noise) and the share of backpropagated rows that were mislabelled. Before the runs it
 measures the regime in one interleaved loop: ``T_full`` (a plain step), ``T_kept`` (a plain
 step on the kept fraction), ``T_score`` (the scoring forward) and ``T_sb`` (an SB step), and
-the ideal ``T_full / (T_score + T_kept)``. Writes ``time_to_accuracy.{md,csv,png}``.
+the ideal ``T_full / (T_score + T_kept)``. A whole run's ratio to plain is checked against
+what its steps predict from inside the runs: the median ratio of paired chunks (chunk ``i``
+of each run ran side by side) wholly inside SB's window. Writes
+``time_to_accuracy.{md,csv,png}``.
 
 Run: ``python benchmarks/time_to_accuracy.py`` (about 30 minutes on 2 CPU cores; writes
 ``docs/results/``) or ``--quick`` (a few minutes; writes to a temporary folder).
@@ -367,6 +370,7 @@ def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]
     notes: dict[str, Any] = {
         "compile_s": {k: round(v.compile_s, 1) for k, v in trainers.items()},
         "regime": measure_regime(s.loss_fn, trainers, s.init0, like, cfg.keep),
+        "stops": eval_stops(cfg, cfg.epochs, cfg.train // cfg.batch),  # the runs' chunks
         "il": [],
     }
     runs: list[Run] = []

@@ -96,3 +96,22 @@ def test_selection_overhead_smoke():
     proc = run_script("benchmarks/selection_overhead.py", "--quick")
     for rule in ("plain", "uniform", "divbs", "bayesian", "bayesian_s32"):
         assert re.search(rf"^\| {rule} \| [\d.]+ \| [\d.]+ \[", proc.stdout, re.M), rule
+
+
+def _run(method: str, chunk_walls: list[float]) -> dict:
+    walls = [sum(chunk_walls[: i + 1]) for i in range(len(chunk_walls))]
+    curve = [(w, w, 0, 0, 0.9) for w in walls]
+    return {"method": method, "seed": 0, "noise": 0.0, "wall_s": walls[-1], "curve": curve}
+
+
+def test_whole_run_prediction_pairs_the_chunks_inside_the_window():
+    from _tta_report import _prediction_verdict, in_run_ratio
+
+    stops = [10, 20, 30, 40]  # SB's window starts at step 10 (start 0.25): chunks 1-3
+    plain = _run("plain", [1.0, 1.0, 1.2, 1.0])
+    sb = _run("rank_power", [1.0, 0.5, 0.6, 0.5])  # the ratio is 0.5 in every chunk inside
+    assert in_run_ratio(sb, plain, stops, 0.25) == pytest.approx(0.5)
+    verdict = _prediction_verdict([plain, sb], {}, 0.25, "rank_power", stops)
+    assert verdict.startswith("MET**") and "0.62x predicted" in verdict  # 0.25 + 0.75 * 0.5
+    slow = _run("rank_power", [1.0, 0.5, 0.6, 1.5])  # a slow last chunk: the run loses
+    assert _prediction_verdict([plain, slow], {}, 0.25, "rank_power", stops).startswith("MISS")

@@ -8,12 +8,13 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc.algorithms._checks import check_field, check_policy
 from sbfunc.batch import Field, PerSample, batch_size, check_same_spec, extract, take
 from sbfunc.compat.composer import check_window, in_window
 from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.engine.algorithm import _replaced
 from sbfunc.module import LossFn, ModuleLoss, check_loss_fn, draws_randomness, mode_dependent
-from sbfunc.policies import Policy, Queue, apply_policy, dequeue, empty_queue, enqueue, rank_power
+from sbfunc.policies import Policy, Queue, apply_policy, dequeue, empty_queue, enqueue
 from sbfunc.policies.apply import score_needed, unscorable_dropped
 from sbfunc.rows import check_per_sample
 from sbfunc.score import (
@@ -26,7 +27,6 @@ from sbfunc.score import (
 )
 from sbfunc.score.downsample import check_scale_factor
 from sbfunc.score.options import check_scoring
-from sbfunc.select.base import check_keep
 from sbfunc.step.nonfinite import finite_rows
 
 __all__ = ["SelectiveBackprop"]
@@ -45,26 +45,6 @@ class _ScoringFields(NamedTuple):  # what follows from the scoring loss (for_ste
     loss_fn: LossFn | None
     keyed_scoring: bool
     signal_scorer: SignalScorer | None  # the loss that also returns the policy's signals
-
-
-def _check_policy(keep: float | None, policy: Policy | None) -> tuple[float | None, Policy]:
-    """``(keep, policy)``: ``keep`` (default 0.5) with the rank-power policy, or ``None`` with
-    the given ``policy``."""
-    if policy is None:
-        checked = check_keep(0.5 if keep is None else keep)
-        return checked, rank_power(checked)
-    if not isinstance(policy, Policy):
-        raise TypeError(
-            f"policy must be an sbfunc.policies.Policy (e.g. sbfunc.policies.top_k(0.3)), "
-            f"got {policy!r:.80}"
-        )
-    if keep is not None:
-        raise ValueError(
-            f"keep={keep!r} and policy= both choose the kept rows: keep sets the fraction of "
-            "the default rank-power policy; give the fraction to the policy instead (e.g. "
-            "policy=sbfunc.policies.rank_power(0.3)) and leave keep out"
-        )
-    return None, policy
 
 
 _Scored = tuple[torch.Tensor, Signals | None]
@@ -194,12 +174,10 @@ class SelectiveBackprop(Algorithm):
         check_window(start, end, interrupt)
         self.start, self.end, self.interrupt = float(start), float(end), interrupt
         self.uses_elapsed = (self.start, self.end) != (0.0, 1.0)  # its window needs elapsed
-        self.keep, self.policy = _check_policy(keep, policy)
+        self.keep, self.policy = check_policy(keep, policy)
         self.scale_factor = check_scale_factor(scale_factor)
         self.scoring = check_scoring(scoring, self.scale_factor)
-        if ids is not None and (isinstance(ids, bool) or not isinstance(ids, int | str)):
-            raise TypeError(f"ids must be an int or str batch field, got {ids!r}")
-        self.ids = ids
+        self.ids = None if ids is None else check_field("ids", ids)
         if self.scoring.reuse_losses and self.policy.record is None:
             raise ValueError(
                 "scoring.reuse_losses=True needs a policy that records losses (Policy.record: "

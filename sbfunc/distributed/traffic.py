@@ -57,7 +57,11 @@ def gather_traffic(rows: int, row_bytes: int, *, world: int) -> Traffic:
 
     The selection scopes gather the row counts (``gather_traffic(1, 8, world=W)``) and then
     the scores and ids (``gather_traffic(n, 4 + 8, world=W)`` for float32 scores and int64
-    ids of ``n`` rows per rank, the longest shard's ``n`` when they differ).
+    ids of ``n`` rows per rank, the longest shard's ``n`` when they differ). A policy that
+    reads signals (``Policy.needs``) widens those rows by what it needs: ``4 C`` bytes of
+    float32 logits, ``4 D`` of float32 features and ``8`` of an int64 target per row
+    (:mod:`sbfunc.distributed.scope`), e.g. ``gather_traffic(n, 12 + 4 * (C + D) + 8,
+    world=W)`` for all three.
 
     Example:
         >>> from sbfunc.distributed import gather_traffic
