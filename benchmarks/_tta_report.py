@@ -260,7 +260,8 @@ def write_outputs(
         "",
         f"    {command}",
         "",
-        f"Machine: 2 CPU cores (`torch.set_num_threads(2)`), torch {torch.__version__}, "
+        f"Machine: 2 CPU cores (`torch.set_num_threads({torch.get_num_threads()})`), torch "
+        f"{torch.__version__}, "
         f"Python {platform.python_version()}; the whole study took {total_s / 60:.1f} min. "
         "The machine may be shared with other jobs, so wall times carry noise; within a seed "
         "and noise level the methods' runs advance interleaved, half an epoch each in turn "

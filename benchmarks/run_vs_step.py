@@ -12,11 +12,13 @@ alternating the methods so that the machine's drift falls on all of them:
 
 It prints each grain's median per-step (or per-run) times and each method's ratio to plain per
 round: median [min-max]. A whole run's expected ratio is the step ratio weighted by the share
-of steps inside SB's window; the ``run`` grain also times each step inside the runs.
+of steps inside SB's window; the ``run`` grain also times each step inside the runs and each
+run's process CPU time (all threads: the work done, which a wall ratio above it shows the
+threads idle through).
 
 Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` rounds per grain, default 6;
-``--quick``: a smoke run on the study's quick sizes), e.g. ``--methods rank_power loshchilov
---grains run``.
+``--quick``: a smoke run on the study's quick sizes; ``--threads``, default 2), e.g.
+``--methods rank_power loshchilov --grains run``.
 """
 
 from __future__ import annotations
@@ -138,11 +140,14 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["rank_power"], choices=names,
                         help="SB methods timed against plain")  # fmt: skip
     parser.add_argument("--grains", nargs="+", default=list(GRAINS), choices=GRAINS)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (>= 1)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     chosen = ["plain", *dict.fromkeys(args.methods)]
-    torch.set_num_threads(2)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     cfg = tta.QUICK if args.quick else tta.FULL
     d = tta.load_data(cfg)
     torch.manual_seed(0)
@@ -155,7 +160,7 @@ def main() -> None:
     for name, trainer in methods.items():  # mid-run of a long run: inside SB's window
         s = trainer.step.init(*init, key=sbrandom.key(0), total_steps=2**20)
         states[name] = s._replace(time=s.time._replace(step=2**19, elapsed=0.5))
-    print(f"torch {torch.__version__}, sbfunc {sbfunc.__version__}, 2 threads, width "
+    print(f"torch {torch.__version__}, sbfunc {sbfunc.__version__}, {args.threads} threads, width "
           f"{cfg.width}, batch {cfg.batch}, {len(batches)} steps per epoch")  # fmt: skip
 
     def steps(name: str, count: int) -> Callable[[], float]:
@@ -168,15 +173,17 @@ def main() -> None:
         return run
 
     loaders: dict[str, list[Stamped]] = {n: [] for n in chosen}
+    cpu: dict[str, list[float]] = {n: [] for n in chosen}  # each whole run's process CPU time
 
     def whole(name: str) -> Callable[[], float]:
         def run() -> float:
             state = methods[name].step.init(*init, key=sbrandom.key(5))
             data = Stamped(d.x, d.y, cfg.batch, sbrandom.key(3))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             sbfunc.fit(methods[name].compiled, state, data, epochs=cfg.epochs,
                        steps_per_epoch=len(batches), progress=False, history=False)  # fmt: skip
             wall = time.perf_counter() - t0
+            cpu[name].append(time.process_time() - c0)
             loaders[name].append(data.close(t0 + wall))
             return wall
 
@@ -189,6 +196,7 @@ def main() -> None:
         report("epoch", "ms", alternate(per_epoch, args.rounds), 1e3)
     if "run" in args.grains:
         report("run", "s", alternate({n: whole(n) for n in chosen}, args.rounds), 1.0)
+        report("run", "CPU s", cpu, 1.0)  # process CPU time, all threads: the work done
         profile(loaders, cfg.start)
     inside = 1.0 - cfg.start
     print(f"a run's expected SB / plain from the step ratio r: {1 - inside:.2f} + {inside:.2f} r "

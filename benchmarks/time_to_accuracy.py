@@ -417,8 +417,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=None, help="override the epochs")
     parser.add_argument("--width", type=int, default=None, help="override the CNN width")
     parser.add_argument("--noises", type=float, nargs="+", default=None, help="label noises")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (>= 1)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    if args.threads < 1:
+        parser.error(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     # each TrainStep has its own code objects, but frames below the steps (graph breaks in
     # the scoring and irreducible-loss functions) are shared by every method and shape: raise
     # dynamo's recompile limits so none falls back to eager

@@ -92,8 +92,10 @@ def test_selection_field_smoke(tmp_path):
 
 
 @pytest.mark.slow  # a few seconds (eager steps)
-def test_selection_overhead_smoke():
-    proc = run_script("benchmarks/selection_overhead.py", "--quick")
+@pytest.mark.parametrize("model", ["cnn", "resnet18"])
+def test_selection_overhead_smoke(model):
+    proc = run_script("benchmarks/selection_overhead.py", "--quick", "--model", model)
+    assert f"{model} width 8 on cpu" in proc.stdout
     for rule in ("plain", "uniform", "divbs", "bayesian", "bayesian_s32"):
         assert re.search(rf"^\| {rule} \| [\d.]+ \| [\d.]+ \[", proc.stdout, re.M), rule
 
@@ -115,3 +117,14 @@ def test_whole_run_prediction_pairs_the_chunks_inside_the_window():
     assert verdict.startswith("MET**") and "0.62x predicted" in verdict  # 0.25 + 0.75 * 0.5
     slow = _run("rank_power", [1.0, 0.5, 0.6, 1.5])  # a slow last chunk: the run loses
     assert _prediction_verdict([plain, slow], {}, 0.25, "rank_power", stops).startswith("MISS")
+
+
+@pytest.mark.slow  # about a minute: two steps compiled at the study's quick sizes
+def test_run_vs_step_smoke():
+    proc = run_script(
+        "benchmarks/run_vs_step.py", "--quick", "--rounds", "1", "--grains", "run",
+        "--methods", "loshchilov_noage", "--threads", "1",
+    )  # fmt: skip
+    assert re.search(r"^run +plain [\d.]+ s, loshchilov_noage [\d.]+ s$", proc.stdout, re.M)
+    assert re.search(r"^ +loshchilov_noage / plain [\d.]+ \[", proc.stdout, re.M)
+    assert "run's predicted ratio" in proc.stdout

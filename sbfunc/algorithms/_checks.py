@@ -9,7 +9,7 @@ from sbfunc.validation import describe
 __all__ = ["check_field", "check_policy"]
 
 
-def check_field(name: str, field: int | str) -> int | str:
+def check_field(name: str, field: object) -> int | str:
     """``field`` if it is an int (tuple batch) or a str (dict batch), else a ``TypeError``."""
     if isinstance(field, bool) or not isinstance(field, int | str):
         raise TypeError(
