@@ -17,7 +17,8 @@ run's process CPU time (all threads: the work done, which a wall ratio above it 
 threads idle through).
 
 Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` rounds per grain, default 6;
-``--quick``: a smoke run on the study's quick sizes; ``--threads``, default 2), e.g.
+``--quick``: the study's quick sizes, with ``--eager`` a smoke run; ``--threads``, default 2),
+e.g.
 ``--methods rank_power loshchilov --grains run``.
 """
 
@@ -49,14 +50,16 @@ GRAINS = ("step", "epoch", "run")
 
 
 def trainers(cfg: tta.Config, d: tta.Data, init: tuple[dict, dict],
-             loss_fn: sbfunc.module.ModuleLoss,
-             names: list[str]) -> dict[str, tta.Trainer]:  # fmt: skip
+             loss_fn: sbfunc.module.ModuleLoss, names: list[str], *,
+             compile: bool = True) -> dict[str, tta.Trainer]:  # fmt: skip
+    """Each method's trainer, compiled and warmed up (eager with ``compile=False``)."""
     table = tta.methods(cfg, loss_fn, loss_fn)
     steps = cfg.epochs * (cfg.train // cfg.batch)
     out = {}
     for name in names:
-        trainer = tta.build(cfg, [*table[name](), tta.Audit(cfg.train)], loss_fn, steps)
-        out[name] = tta.warm_up(trainer, init, d.x, d.y, cfg)
+        algorithms = [*table[name](), tta.Audit(cfg.train)]
+        trainer = tta.build(cfg, algorithms, loss_fn, steps, compile=compile)
+        out[name] = tta.warm_up(trainer, init, d.x, d.y, cfg) if compile else trainer
     return out
 
 
@@ -141,6 +144,7 @@ def main() -> None:
                         help="SB methods timed against plain")  # fmt: skip
     parser.add_argument("--grains", nargs="+", default=list(GRAINS), choices=GRAINS)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (>= 1)")
+    parser.add_argument("--eager", action="store_true", help="eager steps (a smoke run)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -154,7 +158,7 @@ def main() -> None:
     model = tta.make_model(cfg.width)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     init = sbfunc.split_module(model, clone=True)
-    methods = trainers(cfg, d, init, loss_fn, chosen)
+    methods = trainers(cfg, d, init, loss_fn, chosen, compile=not args.eager)
     batches = list(sbfunc.datasets.batches(d.x, d.y, cfg.batch, key=sbrandom.key(9)))
     states = {}
     for name, trainer in methods.items():  # mid-run of a long run: inside SB's window

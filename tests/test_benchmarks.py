@@ -119,10 +119,10 @@ def test_whole_run_prediction_pairs_the_chunks_inside_the_window():
     assert _prediction_verdict([plain, slow], {}, 0.25, "rank_power", stops).startswith("MISS")
 
 
-@pytest.mark.slow  # about a minute: two steps compiled at the study's quick sizes
+@pytest.mark.slow  # a few seconds: eager steps at the study's quick sizes
 def test_run_vs_step_smoke():
     proc = run_script(
-        "benchmarks/run_vs_step.py", "--quick", "--rounds", "1", "--grains", "run",
+        "benchmarks/run_vs_step.py", "--quick", "--eager", "--rounds", "1", "--grains", "run",
         "--methods", "loshchilov_noage", "--threads", "1",
     )  # fmt: skip
     assert re.search(r"^run +plain [\d.]+ s, loshchilov_noage [\d.]+ s$", proc.stdout, re.M)
