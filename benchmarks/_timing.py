@@ -15,6 +15,16 @@ def _no_sync() -> None:
     return None
 
 
+def device_sync(device: Any) -> Callable[[], Any]:
+    """What ``interleaved`` should call around each block on ``device`` (a ``torch.device`` or
+    its name): ``torch.cuda.synchronize`` on CUDA, else nothing (torch imported only then)."""
+    if str(device).split(":")[0] != "cuda":
+        return _no_sync
+    import torch
+
+    return torch.cuda.synchronize
+
+
 def interleaved(
     fns: dict[str, Callable[[], Any]],
     repeats: int,

@@ -162,12 +162,12 @@ def verdicts(runs: list[Row], methods: list[str], noises: list[float], regime: R
             "- **(c) issue 28: some rule reaches plain's final accuracy in <= 0.6x its wall "
             f"time at 0% noise, on every seed: {_speed_verdict(runs, sb, 0.6)}"
         )
-    for method in (m for m in ("rank_power", "loshchilov", "loshchilov_noage") if m in methods):
-        if regime is not None and stops is not None:
-            out.append(
-                "- **(d) issue 28: a whole SB run within 5% of what its step ratio predicts: "
-                + _prediction_verdict(runs, regime, start, method, stops)
-            )
+    timed = ("rank_power", "loshchilov", "loshchilov_noage") if regime and stops else ()
+    for method in (m for m in timed if m in methods):
+        out.append(
+            "- **(d) issue 28: a whole SB run within 5% of what its step ratio predicts: "
+            + _prediction_verdict(runs, regime, start, method, stops)
+        )
     noisy = [n for n in noises if n > 0]
     if noisy and "rho_loss" in methods:
         n = max(noisy)

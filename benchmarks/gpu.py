@@ -51,7 +51,7 @@ import curvature
 import per_sample
 from _models import resnet18
 from _steps import KEEP, PRECISIONS, Advance, hand_runner, loop_runner, sbfunc_runner, score_runner
-from _timing import interleaved, quartiles
+from _timing import device_sync, interleaved, quartiles
 from compiled_step import quickstart_cnn
 
 VARIANTS = ("plain", "SB", "SB+3")
@@ -86,10 +86,6 @@ def setups(quick: bool) -> dict[str, Setup]:
         tiny = Setup("ResNet-18 (width 8)", lambda: resnet18(width=8), (3, 8, 8), 8, 10, False)
         return {"quickstart": cnn, "resnet18": tiny}
     return {"quickstart": cnn, "resnet18": Setup("ResNet-18", resnet18, (3, 32, 32), 128, 10)}
-
-
-def sync_fn(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else lambda: None
 
 
 def failure(e: BaseException) -> str:
@@ -160,7 +156,7 @@ def measure(s: Setup, precision: str, cfg: Config) -> Measured:
             failed[name] = failure(e)
             continue
         fns[name], warm[name] = guarded(fn, name, failed), (seconds, note)
-    times = interleaved(fns, cfg.rounds, cfg.inner, warmup=1, sync=sync_fn(cfg.device))
+    times = interleaved(fns, cfg.rounds, cfg.inner, warmup=1, sync=device_sync(cfg.device))
     compile_s = {
         n: f"{cfg.warmup * (warm[n][0] - statistics.median(times[n])):.1f}{warm[n][1]}"
         for n in fns
@@ -178,7 +174,7 @@ def warm_up(
     counters = torch._dynamo.utils.counters["inductor"]
     skips = counters["cudagraph_skips"]
     fn = functools.partial(build(model().to(cfg.device)), batch)
-    per_call = interleaved({"": fn}, 1, cfg.warmup, warmup=0, sync=sync_fn(cfg.device))[""][0]
+    per_call = interleaved({"": fn}, 1, cfg.warmup, warmup=0, sync=device_sync(cfg.device))[""][0]
     return fn, per_call, " (CUDA graphs skipped)" if counters["cudagraph_skips"] > skips else ""
 
 
@@ -296,7 +292,8 @@ def method_rows(row: str, fns: dict[str, Callable[[], object]], cfg: Config) -> 
     """One quantity's methods, timed interleaved, each against sbfunc's."""
     failed: dict[str, str] = {}
     safe = {k: guarded(f, k, failed) for k, f in fns.items()}
-    t = interleaved(safe, cfg.rounds, max(1, cfg.inner // 2), warmup=2, sync=sync_fn(cfg.device))
+    sync = device_sync(cfg.device)
+    t = interleaved(safe, cfg.rounds, max(1, cfg.inner // 2), warmup=2, sync=sync)
     lines = []
     for method in fns:
         if method in failed:

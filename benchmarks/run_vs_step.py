@@ -18,8 +18,7 @@ threads idle through).
 
 Run: ``python benchmarks/run_vs_step.py`` (``--rounds`` rounds per grain, default 6;
 ``--quick``: the study's quick sizes, with ``--eager`` a smoke run; ``--threads``, default 2),
-e.g.
-``--methods rank_power loshchilov --grains run``.
+e.g. ``--methods rank_power loshchilov --grains run``.
 """
 
 from __future__ import annotations

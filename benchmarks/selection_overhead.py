@@ -43,7 +43,7 @@ from sbfunc import policies as P
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import resnet18
-from _timing import interleaved, quartiles
+from _timing import device_sync, interleaved, quartiles
 from _tta_methods import head_features, sb
 from time_to_accuracy import make_model
 
@@ -125,8 +125,7 @@ def measure(cfg: Sizes, repeats: int, inner: int, *, compiled: bool) -> dict[str
         for _ in range(3):  # compile outside the timing
             fns[name]()
         print(f"  {name}: compiled and warmed up in {time.perf_counter() - t0:.0f} s", flush=True)
-    sync = torch.cuda.synchronize if cfg.device.startswith("cuda") else lambda: None
-    return interleaved(fns, repeats, inner, warmup=2, sync=sync)
+    return interleaved(fns, repeats, inner, warmup=2, sync=device_sync(cfg.device))
 
 
 def ratio_cell(times: dict[str, list[float]], num: str, den: str) -> str:
