@@ -45,12 +45,12 @@ def test_digits_validates_test_fraction():
 
 
 def test_missing_dependency_advice_fits_any_install(monkeypatch):
-    monkeypatch.setattr(sbfunc.datasets.importlib, "import_module", _fail)
+    monkeypatch.setattr(sbfunc.datasets._arrays.importlib, "import_module", _fail)
     with pytest.raises(ImportError, match="pip install scikit-learn") as info:
         sbfunc.datasets.digits()
     msg = str(info.value)
     assert 'pip install "sbfunc[examples]"' in msg  # a wheel install has no source tree
-    assert "pip install mnist1d" in sbfunc.datasets._install_advice("mnist1d.data")
+    assert "pip install mnist1d" in sbfunc.datasets._arrays._install_advice("mnist1d.data")
 
 
 def _fail(name):

@@ -1,25 +1,26 @@
-"""Embedded datasets for examples, tests and studies: nothing is downloaded.
+"""Array datasets (MNIST-1D, scikit-learn's digits), label noise and keyed minibatches.
 
 * :func:`mnist1d` generates the MNIST-1D benchmark procedurally with
   ``mnist1d.data.make_dataset`` (needs the ``examples`` extra: ``pip install "sbfunc[examples]"``);
   the download path ``get_dataset`` is never used.
 * :func:`digits` loads scikit-learn's bundled 8x8 digits (1797 images, shipped in the wheel).
-* :func:`batches` cuts tensors into shuffled minibatches from an explicit key.
+* :func:`batches` cuts tensors into shuffled minibatches from an explicit key,
+  :func:`dict_batches` does the same for a dict of per-row tensors.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc._namespace import api_dir
+from sbfunc.batch import take
 from sbfunc.validation import check_int
 
-__all__ = ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
+__all__ = ["Split", "batches", "dict_batches", "digits", "mnist1d", "with_label_noise"]
 
 
 class Split(NamedTuple):
@@ -57,7 +58,7 @@ def _install_advice(module: str, extra: str = "examples") -> str:
     """What to install for a missing optional module (right for wheel and source installs).
 
     Example:
-        >>> print(sbfunc.datasets._install_advice("sklearn.datasets"))
+        >>> print(sbfunc.datasets._arrays._install_advice("sklearn.datasets"))
         sklearn.datasets is needed for this dataset: pip install scikit-learn (or every optional
         dependency of the examples: pip install "sbfunc[examples]", or pip install -e ".[examples]"
         from a source checkout)
@@ -153,6 +154,17 @@ def with_label_noise(
     return noisy, flip
 
 
+def _epoch_order(
+    n: int, batch_size: int, key: sbrandom.Key, drop_last: bool
+) -> Iterator[torch.Tensor]:
+    """The row indices of each minibatch of one shuffled epoch over ``n`` rows."""
+    check_int(batch_size, "batch_size", low=1)
+    perm = torch.argsort(sbrandom.uniform(key, (n,)))
+    stop = n - n % batch_size if drop_last else n
+    for i in range(0, stop, batch_size):
+        yield perm[i : i + batch_size]
+
+
 def batches(
     x: torch.Tensor, y: torch.Tensor, batch_size: int, *, key: sbrandom.Key, drop_last: bool = True
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -163,13 +175,55 @@ def batches(
         >>> [b[2].shape[0] for b in sbfunc.datasets.batches(x, y, 4, key=sbfunc.random.key(0))]
         [4, 4]
     """
-    check_int(batch_size, "batch_size", low=1)
-    n = x.shape[0]
-    perm = torch.argsort(sbrandom.uniform(key, (n,)))
-    stop = n - n % batch_size if drop_last else n
-    for i in range(0, stop, batch_size):
-        ids = perm[i : i + batch_size]
+    for ids in _epoch_order(x.shape[0], batch_size, key, drop_last):
         yield x[ids], y[ids], ids
 
 
-__dir__ = api_dir(__all__)  # dir() lists the API, not the imports
+def dict_batches(
+    rows: Mapping[str, torch.Tensor],
+    batch_size: int,
+    *,
+    key: sbrandom.Key,
+    drop_last: bool = True,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Shuffled minibatches of one epoch of a dict of per-row tensors, the order drawn from
+    ``key``: the same order as :func:`batches` draws from the same key.
+
+    Every batch is a new dict with the same keys, each tensor's rows picked with
+    :func:`sbfunc.batch.take` (for the text rows of :func:`stdlib_corpus`: ``input_ids``,
+    ``attention_mask``, ``labels`` ``[B, L]``, ``ids`` and ``kind`` ``[B]``). The sample ids
+    are the rows' own ``ids`` field, not positions in ``rows``.
+
+    Args:
+        rows: the dataset, every tensor with the same number of rows.
+        batch_size: rows per batch, ``>= 1``.
+        key: the shuffle's key (fold an epoch number in for a fresh order per epoch).
+        drop_last: leave out the last, shorter batch.
+
+    Returns:
+        An iterator of dict batches.
+
+    Raises:
+        ValueError: if ``batch_size < 1`` or the tensors disagree on the number of rows.
+
+    Example:
+        >>> rows = {"input_ids": torch.zeros(10, 4, dtype=torch.long), "ids": torch.arange(10)}
+        >>> got = list(sbfunc.datasets.dict_batches(rows, 4, key=sbfunc.random.key(0)))
+        >>> [sorted(b) for b in got], [b["input_ids"].shape for b in got]
+        ([['ids', 'input_ids'], ['ids', 'input_ids']], [torch.Size([4, 4]), torch.Size([4, 4])])
+
+    References:
+        The shuffled, drop-last epoch of PyTorch's ``DataLoader(shuffle=True, drop_last=True)``
+        with dict samples collated by ``default_collate``.
+    """
+    n = num_rows(rows)
+    for ids in _epoch_order(n, batch_size, key, drop_last):
+        yield take(dict(rows), ids)
+
+
+def num_rows(rows: Mapping[str, torch.Tensor]) -> int:
+    """The common number of rows of ``rows``' tensors."""
+    sizes = {name: int(t.shape[0]) for name, t in rows.items()}
+    if not sizes or len(set(sizes.values())) != 1:
+        raise ValueError(f"rows must be tensors with the same number of rows, got {sizes}")
+    return next(iter(sizes.values()))
