@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import Algorithm, Event
-from sbfunc.passes import DEFAULT_PASSES, MultipleLossInterpolationWarning, register_pass
+from sbfunc.engine import DEFAULT_PASSES, MultipleLossInterpolationWarning, register_pass
 from sbfunc.select import Selection
 from sbfunc.testing import algorithm_lists, events, pytree_batches, states
 
@@ -52,12 +52,12 @@ from sbfunc.testing import algorithm_lists, events, pytree_batches, states
 
 def interpolation_last_buggy(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
     """First attempt: run loss-interpolating algorithms (MixUp...) after all the others."""
-    return sbfunc.passes.sort_to_back(algorithms, lambda a: a.interpolate_loss)
+    return sbfunc.engine.sort_to_back(algorithms, lambda a: a.interpolate_loss)
 
 
 def interpolation_last(algorithms: Sequence[Algorithm], event: Event) -> list[Algorithm]:
     """The fix: the same, but sample selectors stay where the default passes put them."""
-    return sbfunc.passes.sort_to_back(
+    return sbfunc.engine.sort_to_back(
         algorithms, lambda a: a.interpolate_loss and not a.selects_samples
     )
 

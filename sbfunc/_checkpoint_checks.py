@@ -25,7 +25,6 @@ def node_record(spec: Any) -> list[Node]:
     Example:
         >>> from typing import NamedTuple
         >>> import optree
-        >>> from sbfunc._checkpoint_checks import node_record
         >>> class S(NamedTuple):
         ...     params: dict
         ...     step: int

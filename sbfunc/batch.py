@@ -6,7 +6,7 @@ are the tensors and NumPy arrays of rank >= 1 and the *row sequences*: plain lis
 hold no tensor or array of rank >= 1, such as the list of strings
 ``torch.utils.data.default_collate`` makes of a string field. A list/tuple holding tensors is a
 node, so ``(x, y)`` is two leaves. 0-d tensors, scalars, strings, ``None`` and other objects are
-batch-wide metadata and pass through. See :mod:`sbfunc.rows` for the exact rule.
+batch-wide metadata and pass through. See :mod:`sbfunc` for the exact rule.
 
 When the default guesses wrong (a ``[C]`` class-weight tensor with ``C == N``, a list of
 per-image target dicts), say which leaves are per-sample with a ``per_sample`` spec
@@ -22,24 +22,31 @@ from typing import Any, TypeVar, cast
 
 import optree
 import torch
+import torch.utils._pytree as torch_pytree
 
 from sbfunc._namespace import api_dir
-from sbfunc.rows import (
-    ROWS,
-    PerSample,
+from sbfunc._rows import (
+    check_per_sample,
+    flat_tensors,
     ndarray_type,
     path_str,
     rebuild_sequence,
     walk,
 )
+from sbfunc.types import PerSample
+from sbfunc.validation import describe
 
 __all__ = [
-    "ROWS",
     "Field",
-    "PerSample",
+    "batch_device",
     "batch_size",
+    "check_field",
+    "check_per_sample",
+    "check_same_spec",
     "extract",
+    "per_sample_sizes",
     "replace",
+    "strings_as_row_indices",
     "take",
 ]
 
@@ -74,7 +81,7 @@ def _no_rows_error(batch: Any) -> ValueError:
     return ValueError(
         "batch has no per-sample leaf (a tensor or array of rank >= 1, or a list/tuple of "
         f"per-sample values); got a {type(batch).__name__}. Mark the per-sample leaves with "
-        "per_sample= (see sbfunc.batch.PerSample)"
+        "per_sample= (see sbfunc.types.PerSample)"
     )
 
 
@@ -84,9 +91,20 @@ def _disagree_error(sizes: dict[str, int]) -> ValueError:
         f"batch leaves disagree on the leading (sample) dimension: {detail}. Every per-sample "
         "leaf must have the same size N along its first axis; pass per_sample= to say which "
         "leaves are per-sample, e.g. per_sample={'class_weight': False} for metadata that only "
-        "looks per-sample, or per_sample={'targets': sbfunc.batch.ROWS} for a list with one "
-        "entry (of any kind) per sample (see sbfunc.batch.PerSample)"
+        "looks per-sample, or per_sample={'targets': sbfunc.types.ROWS} for a list with one "
+        "entry (of any kind) per sample (see sbfunc.types.PerSample)"
     )
+
+
+def batch_device(batch: Any) -> torch.device:
+    """The device of the batch's first tensor (the CPU without one).
+
+    Example:
+        >>> sbfunc.batch.batch_device({"x": torch.zeros(2), "name": ["a", "b"]})
+        device(type='cpu')
+    """
+    leaves = torch_pytree.tree_leaves(batch)
+    return next((t.device for t in leaves if isinstance(t, torch.Tensor)), torch.device("cpu"))
 
 
 def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
@@ -124,7 +142,7 @@ def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
     if per_sample is None:
         if type(batch) is torch.Tensor and batch.dim():
             return batch.shape[0]
-        n = _flat_tensors(batch)
+        n = flat_tensors(batch)
         if n >= 0:
             return n
     sizes = per_sample_sizes(batch, per_sample)
@@ -136,24 +154,12 @@ def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
     return first
 
 
-def _flat_tensors(batch: Any) -> int:
-    """The hot path: ``N`` when ``batch`` is a tuple/list/dict of plain tensors of rank >= 1
-    that share dim 0 (always per-sample under the default rule), else -1."""
-    kind = type(batch)
-    values = batch.values() if kind is dict else batch if kind in (tuple, list) else None
-    n = -1
-    for t in values or ():
-        if type(t) is not torch.Tensor or t.dim() == 0 or (n >= 0 and t.shape[0] != n):
-            return -1
-        n = t.shape[0]
-    return n
-
-
 def _fast_take(batch: Any, indices: torch.Tensor) -> Any:
-    """``take`` on the hot path (a tensor, or see :func:`_flat_tensors`), else ``None``."""
+    """``take`` on the hot path (a tensor, or a flat tuple/list/dict of tensors), else
+    ``None``."""
     if type(batch) is torch.Tensor and batch.dim():
         return batch.index_select(0, indices.to(batch.device))
-    if _flat_tensors(batch) < 0:
+    if flat_tensors(batch) < 0:
         return None
     if type(batch) is dict:
         return {k: t.index_select(0, indices.to(t.device)) for k, t in batch.items()}
@@ -264,7 +270,7 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
         PyTorch ``default_collate`` (strings become a list per batch); the ``torch.compile``
         guards on Python constants.
     """
-    if per_sample is None and _flat_tensors(batch) >= 0:
+    if per_sample is None and flat_tensors(batch) >= 0:
         return batch
     found: list[bool] = []
     tensors = [x for x in optree.tree_leaves(cast(Any, batch)) if isinstance(x, torch.Tensor)]
@@ -321,6 +327,21 @@ def check_same_spec(per_sample: PerSample, algorithms: Iterable[Any]) -> None:
                 f"but the step counts rows with per_sample={per_sample!r}; pass the same spec "
                 "to make_train_step(..., per_sample=) and to the algorithm"
             )
+
+
+def check_field(name: str, field: object) -> int | str:
+    """``field`` if it is an int (tuple batch) or a str (dict batch), else a ``TypeError``
+    naming the argument ``name``: the check of a :data:`Field` given to an algorithm.
+
+    Example:
+        >>> sbfunc.batch.check_field("target", "labels")
+        'labels'
+    """
+    if isinstance(field, bool) or not isinstance(field, int | str):
+        raise TypeError(
+            f"{name} must be an int (tuple batch) or a str (dict batch), got {describe(field)}"
+        )
+    return field
 
 
 def extract(batch: Any, key: Field, what: str = "key") -> Any:

@@ -6,7 +6,7 @@
 * :class:`LossFn`: the spine type, ``(params, buffers, batch) -> Tensor[N]``.
 * :class:`EmptyState`: the state of a transform that keeps none.
 * :data:`PerSample`: which leaves of a batch are per-sample (with :data:`ROWS` and
-  :data:`LeafFilter`); :mod:`sbfunc.rows` applies it.
+  :data:`LeafFilter`); :mod:`sbfunc` applies it.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ PerSample = Union[  # noqa: UP007 (a recursive alias evaluated at runtime)
 """Which leaves of a batch are per-sample: a pytree prefix of the batch (Equinox's
 ``filter_spec``) whose entries apply to the whole subtree below them.
 
-* ``None``: infer with the default rule (:mod:`sbfunc.rows`);
+* ``None``: infer with the default rule (:mod:`sbfunc`);
 * ``True``: every leaf below is per-sample (a leaf without a leading axis is an error);
 * ``False``: everything below is metadata and passes through untouched;
 * :data:`ROWS`: the value here is one per-sample sequence/array, indexed as a whole;

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from sbfunc._namespace import api_dir
+
 __all__ = [
     "check_bool",
     "check_callable",
@@ -353,3 +355,6 @@ def check_tensor(
     ):
         raise _fail(ValueError, name, wanted, value, fix)
     return value
+
+
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-import sbfunc.rows
+import sbfunc._rows
 
 Pair = namedtuple("Pair", ["x", "y"])
 
@@ -278,7 +278,7 @@ def test_explicit_specs_agree_with_the_inference(mb):
     idx = torch.arange(n).flip(0)
     inferred = sbfunc.batch.take(batch, idx)
     by_callable = sbfunc.batch.take(
-        batch, idx, per_sample=lambda path, leaf: sbfunc.rows.leading_size(leaf) is not None
+        batch, idx, per_sample=lambda path, leaf: sbfunc._rows.leading_size(leaf) is not None
     )
     _assert_same(inferred, by_callable)
 
@@ -346,7 +346,7 @@ def test_rows_marks_a_list_of_per_sample_containers():
     batch = (torch.zeros(3, 1, 4, 4), targets)
     with pytest.raises(ValueError, match=r"batch\[1\]\[0\]\['boxes'\]: 2.*ROWS"):
         sbfunc.batch.batch_size(batch)
-    spec = (True, sbfunc.batch.ROWS)
+    spec = (True, sbfunc.types.ROWS)
     assert sbfunc.batch.batch_size(batch, per_sample=spec) == 3
     kept = sbfunc.batch.take(batch, torch.tensor([2, 1]), per_sample=spec)
     assert [t["boxes"].shape[0] for t in kept[1]] == [3, 0]
@@ -385,7 +385,7 @@ def test_spec_errors_name_the_place():
     with pytest.raises(ValueError, match="no per-sample leaf"):
         sbfunc.batch.batch_size(batch, per_sample=False)
     with pytest.raises(TypeError, match=r"per_sample\[0\]\['a'\] must be"):
-        sbfunc.rows.check_per_sample([{"a": "yes"}])
+        sbfunc._rows.check_per_sample([{"a": "yes"}])
 
 
 def test_namedtuple_batches_take_dict_specs_by_field_name():

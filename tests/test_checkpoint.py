@@ -208,13 +208,13 @@ def test_non_tensor_leaves_need_the_same_type_only():
 
 
 def test_a_zero_size_template_dimension_matches_any_size_and_nothing_else():
-    q = sbfunc.policies.enqueue(
-        sbfunc.policies.empty_queue({"x": torch.zeros(1, 3)}), {"x": torch.ones(5, 3)}
+    q = sbfunc.selective_backprop.enqueue(
+        sbfunc.selective_backprop.empty_queue({"x": torch.zeros(1, 3)}), {"x": torch.ones(5, 3)}
     )
-    back = load_bytes(saved(q), sbfunc.policies.empty_queue({"x": torch.zeros(1, 3)}))
+    back = load_bytes(saved(q), sbfunc.selective_backprop.empty_queue({"x": torch.zeros(1, 3)}))
     assert torch.equal(back.rows["x"], torch.ones(5, 3))
     assert "shape (5, 3) in the checkpoint, float32 tensor of shape (0,)" in error(
-        saved(q), sbfunc.policies.Queue({"x": torch.zeros(0)})
+        saved(q), sbfunc.selective_backprop.Queue({"x": torch.zeros(0)})
     )
     assert "(0, 3) in the checkpoint" in error(
         saved({"x": torch.zeros(0, 3)}), {"x": torch.ones(2, 3)}

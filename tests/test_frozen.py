@@ -25,7 +25,7 @@ import sbfunc
 from sbfunc import algorithms as A
 from sbfunc import engine, optim, policies
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.surgery import Surgery
+from sbfunc.algorithms import Surgery
 from sbfunc.distributed import per_rank
 from sbfunc.score import Scoring
 from tests.algorithms.test_registry import CASES, ImageNet, TokenNet, _data, _loss, _sb
@@ -249,6 +249,15 @@ OPTIMIZERS: dict[str, Callable[[], optim.GradientTransformation]] = {
         optim.scale(-0.1), optim.decoupled_weight_decay(1e-2, learning_rate=0.1, initial_lr=0.1)
     ),
     "multi_steps": lambda: optim.multi_steps(optim.adam(1e-2), 2),
+    "masked": lambda: optim.masked(optim.adam(1e-2), lambda p: {k: p[k].dim() > 1 for k in p}),
+    "polynomial_schedule": lambda: _sgd_with(optim.polynomial_schedule(0.1, 0.0, 2.0, 2)),
+    "scale_by_rms": lambda: optim.chain(
+        optim.scale_by_rms(bias_correction=True), optim.scale(-0.1)
+    ),
+    "set_to_zero": lambda: optim.chain(optim.sgd(0.1), optim.set_to_zero()),
+    "stretch_schedule": lambda: _sgd_with(
+        optim.stretch_schedule(optim.linear_schedule(0.1, 0.0, 4), 0.5)
+    ),
     "scale": lambda: optim.scale(-0.1),
     "scale_by_adam": lambda: optim.scale_by_adam(learning_rate=1e-2),
     "scale_by_learning_rate": lambda: optim.scale_by_learning_rate(0.1),

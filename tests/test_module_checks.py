@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.module import check_loss_fn
-from sbfunc.module_checks import check_state, check_target, target_kind
+from sbfunc.module import check_loss_fn, check_state, check_target, target_kind
 from sbfunc.testing import linear_loss
 
 PER_SAMPLE_FIX = r"sbfunc\.per_sample_loss\(model, torch\.nn\.functional\.cross_entropy\)"

@@ -96,7 +96,7 @@ def test_eval_outputs_matches_eval_mode_for_every_loss_mode(mode):
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode=mode)
     batch = (sbrandom.normal(sbrandom.key(1), (6, 4)), torch.tensor([0, 1, 2, 0, 1, 2]))
     before = copy.deepcopy((params, buffers, batch))
-    out = sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)
+    out = sbfunc.module._eval.eval_outputs(loss_fn, params, buffers, batch)
     ref = _reference(model, params, buffers, batch[0])
     torch.testing.assert_close(out.outputs, ref, rtol=0, atol=0)
     torch.testing.assert_close(
@@ -120,13 +120,13 @@ def test_eval_outputs_reads_structured_batches_and_outputs():
         model, F.cross_entropy, input={"features": "x"}, target="y", output="logits"
     )
     batch = {"x": torch.ones(2, 3), "y": torch.tensor([0, 1]), "path": ["a", "b"]}
-    out = sbfunc.module_eval.eval_outputs(loss_fn, *sbfunc.split_module(model), batch)
+    out = sbfunc.module._eval.eval_outputs(loss_fn, *sbfunc.split_module(model), batch)
     assert out.outputs.shape == (2, 2) and out.losses.shape == (2,)
 
 
 def test_eval_outputs_refuses_a_hand_written_loss():
     with pytest.raises(TypeError, match=r"ModuleLoss made by sbfunc\.per_sample_loss"):
-        sbfunc.module_eval.eval_outputs(
+        sbfunc.module._eval.eval_outputs(
             lambda p, b, batch: batch[0].sum(1), {}, {}, (torch.ones(2, 2),)
         )
 
@@ -142,7 +142,7 @@ def test_params_of_another_model_are_refused(which):
     def run(params, buffers):
         if which == "predict":
             return sbfunc.predict(model, params, buffers, batch[0])
-        return sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch)
+        return sbfunc.module._eval.eval_outputs(loss_fn, params, buffers, batch)
 
     other = nn.ModuleDict({"fc": nn.Linear(4, 3)})
     with pytest.raises(ValueError, match=r"missing \['0\.weight', .*unexpected \['fc\.weight'"):

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRECTIVE = re.compile(r"^::: (sbfunc(?:\.\w+)*)\s*$", re.MULTILINE)
@@ -65,7 +66,10 @@ def test_datasets_hides_its_imports():
 
     shown = dir(sbfunc.datasets)
     assert not {"Any", "Iterator", "importlib", "torch", "check_int", "sbrandom"} & set(shown)
-    assert shown == ["Split", "batches", "digits", "mnist1d", "with_label_noise"]
+    assert shown == sorted(sbfunc.datasets.__all__)
+    assert {"Split", "batches", "digits", "mnist1d", "with_label_noise", "stdlib_corpus"} <= set(
+        shown
+    )
 
 
 def test_packages_list_their_documented_submodules_but_not_their_internals():
@@ -74,51 +78,82 @@ def test_packages_list_their_documented_submodules_but_not_their_internals():
 
     top = dir(sbfunc)
     assert {"step", "batch", "module", "datasets", "__version__"} <= set(top)
-    assert "validation" not in top and "_checkpoint_checks" not in top
-    assert "loop" not in dir(sbfunc.step) and "fit" in dir(sbfunc.step)
-    assert sbfunc.step.loop.fit is sbfunc.fit  # hidden from dir(), still importable
+    assert "_checkpoint_checks" not in top
+    assert "_loop" not in dir(sbfunc.step) and "fit" in dir(sbfunc.step)
+    assert sbfunc.step._loop.fit is sbfunc.fit  # hidden from dir(), still importable
 
 
 def test_the_top_level_is_the_spine_and_the_sub_packages():
     import sbfunc
 
-    assert len(sbfunc.__all__) <= 32
+    assert len(sbfunc.__all__) <= 34
     assert {"make_train_step", "fit", "TrainState", "SelectiveBackprop", "algorithms"} <= set(
         sbfunc.__all__
     )
     assert "MixUp" not in dir(sbfunc) and "take" not in dir(sbfunc)
 
 
-def test_internals_are_not_exported_by_their_package():
+def test_every_module_that_is_not_a_face_is_private_by_name():
+    """The faces are the packages' ``__init__`` and the documented top-level modules; every
+    other module's name starts with ``_`` (CONTRIBUTING.md, "Privacy")."""
+    faces = {"types", "validation", "batch", "checkpoint", "passes", "rows", "module_io"}
+    faces |= {"module_eval"}  # 1.1's aliases of moved modules, removed in 1.2
+    package = ROOT / "sbfunc"
+    public = [
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if p.name != "__init__.py"
+        and not any(part.startswith("_") for part in p.relative_to(package).parts)
+        and p.relative_to(package).parts[0].removesuffix(".py") not in faces
+    ]
+    assert public == []
+
+
+# The 0.3 spellings removed in 1.1: none resolves any more.
+REMOVED_0_3 = {
+    "sbfunc": ("State", "chain", "named_chain", "inject_hyperparams", "MixUp", "take", "Trace"),
+    "sbfunc.engine": ("State", "Schedule", "chain", "named_chain", "inject_hyperparams"),
+}
+
+
+@pytest.mark.parametrize(("module", "name"), [(m, n) for m, ns in REMOVED_0_3.items() for n in ns])
+def test_the_0_3_aliases_are_gone(module, name):
+    mod = importlib.import_module(module)
+    with pytest.raises(AttributeError, match=f"no attribute '{name}'"):
+        getattr(mod, name)
+
+
+def test_the_0_3_train_spellings_are_gone():
     import sbfunc
 
-    for internal in ("Carry", "Planner", "Planned", "apply_planned", "unpack_result", "FLAGS"):
-        assert internal not in sbfunc.engine.__all__
-        assert not hasattr(sbfunc.engine, internal)
-    exported = {n for name in PUBLIC for n in importlib.import_module(name).__all__}
-    assert not {"check_ids", "check_scores", "check_keep", "check_key"} & exported
-    from sbfunc.engine.plan import Planner  # still importable from its defining module
-
-    assert Planner.__module__ == "sbfunc.engine.plan"
+    loss_fn = sbfunc.per_sample_loss(torch.nn.Linear(2, 2), torch.nn.functional.mse_loss)
+    with pytest.raises(TypeError, match="train"):
+        sbfunc.per_sample_loss(torch.nn.Linear(2, 2), torch.nn.functional.mse_loss, train=True)
+    assert not hasattr(loss_fn, "with_train") and not hasattr(type(loss_fn), "train")
+    assert not hasattr(sbfunc.step.TrainStep, "fire")
 
 
-def _moved() -> dict[str, str]:
-    import sbfunc
+# Public names that moved in 1.1: (old module, old name, new module, new name); each still
+# resolves for one release, with a DeprecationWarning that names its new home.
+MOVED_1_1 = [
+    ("sbfunc.policies", "apply_policy", "sbfunc.selective_backprop", "apply_policy"),
+    ("sbfunc.policies", "Queue", "sbfunc.selective_backprop", "Queue"),
+    ("sbfunc.select", "divbs_indices", "sbfunc.policies", "divbs_indices"),
+    ("sbfunc.select", "rank_power_log_weights", "sbfunc.policies", "rank_power_log_weights"),
+    ("sbfunc.passes", "register_pass", "sbfunc.engine", "register_pass"),
+    ("sbfunc.rows", "ROWS", "sbfunc.types", "ROWS"),
+    ("sbfunc.module_io", "Mode", "sbfunc.module", "Mode"),
+    ("sbfunc.module_eval", "predict", "sbfunc.module", "predict"),
+]
 
-    return sbfunc._MOVED
 
-
-@pytest.mark.parametrize("old", sorted(_moved()))
-def test_every_moved_top_level_name_is_a_deprecated_alias(old):
-    import sbfunc
-
-    home, _, name = _moved()[old].partition(":")
+@pytest.mark.parametrize(("old_module", "old", "home", "name"), MOVED_1_1)
+def test_names_moved_in_1_1_warn_and_resolve_to_their_new_home(old_module, old, home, name):
     new = getattr(importlib.import_module(home), name)
-    assert name in importlib.import_module(home).__all__  # listed at its new home
-    assert old not in sbfunc.__all__ and old not in dir(sbfunc)
-    message = f"sbfunc.{old} moved to {home}.{name}; the alias will be removed in 1.1"
+    assert name in importlib.import_module(home).__all__
+    message = f"{old_module}.{old} moved to {home}.{name} in sbfunc 1.1; the old name is removed"
     with pytest.warns(DeprecationWarning, match=re.escape(message)) as caught:
-        alias = getattr(sbfunc, old)
+        alias = getattr(importlib.import_module(old_module), old)
     assert alias is new
     assert caught[0].filename == __file__  # stacklevel: the warning points at the caller
 

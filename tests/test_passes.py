@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.engine import Event
-from sbfunc.passes import (
+from sbfunc.engine import (
     DEFAULT_PASSES,
+    Event,
     MultipleLossInterpolationWarning,
     order_by_phase,
     phase,

@@ -180,7 +180,7 @@ def test_losses_evaluation_and_scoring_write_nothing(drawn):
     check_pure(sbfunc.predict, model, params, buffers, x)
     for mode in ("train", "eval", "module", "auto"):  # eval mode whatever the loss's own mode
         check_pure(
-            sbfunc.module_eval.eval_outputs,
+            sbfunc.module._eval.eval_outputs,
             loss_for(model, kind, mode=mode),
             params,
             buffers,
@@ -263,7 +263,9 @@ def test_selection_and_take_write_nothing(scores, seed, keep):
     check_pure(sbfunc.select.ranks, s, key=key)
     for make in (policies.rank_power, policies.top_k, policies.random_subset):
         check_pure(make(keep).select, s, policies.EmptyState(), key=key)
-    log_w = check_pure(sbfunc.select.rank_power_log_weights, sbfunc.select.ranks(s, key=key), keep)
+    log_w = check_pure(
+        sbfunc.policies.rank_power_log_weights, sbfunc.select.ranks(s, key=key), keep
+    )
     gumbel = sbrandom.gumbel(key, (n,))
     sel = check_pure(sbfunc.select.gumbel_top_k, log_w, sbfunc.select.kept_count(n, keep), gumbel)
     batch = {"x": torch.randn(n, 2), "ids": torch.arange(n), "name": [str(i) for i in range(n)]}
@@ -322,7 +324,7 @@ def sb_step(model: nn.Module, kind: str) -> Any:
 def eval_fn_for(loss_fn: Any) -> Any:
     def eval_fn(params: Any, buffers: Any, batch: Any) -> dict[str, torch.Tensor]:
         return {
-            "loss": sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch).losses.mean()
+            "loss": sbfunc.module._eval.eval_outputs(loss_fn, params, buffers, batch).losses.mean()
         }
 
     return eval_fn

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.rows import ROWS, is_row_sequence, leading_size, rows_size, walk
+from sbfunc._rows import is_row_sequence, leading_size, rows_size, walk
+from sbfunc.types import ROWS
 
 
 def test_row_sequence_rule():
@@ -46,9 +47,9 @@ def test_optree_nodes_are_walked_and_rebuilt():
 def test_rows_marker_pickles_as_the_singleton():
     import pickle
 
-    import sbfunc.rows
+    import sbfunc._rows
 
-    assert pickle.loads(pickle.dumps(ROWS)) is ROWS is sbfunc.rows.ROWS
+    assert pickle.loads(pickle.dumps(ROWS)) is ROWS is sbfunc._rows.ROWS
 
 
 Rec = namedtuple("Rec", "a b")

@@ -35,7 +35,7 @@ NAN = float("nan")
 
 # Every public function or constructor with a fraction argument, called with that argument.
 FRACTIONS = {
-    "check_keep": sbfunc.select.base.check_keep,
+    "check_keep": sbfunc.select._base.check_keep,
     "rank_power.keep": policies.rank_power,
     "top_k.keep": policies.top_k,
     "random_subset.keep": policies.random_subset,

@@ -2,76 +2,71 @@
 explicit keys, module surgery as ``module -> module`` functions) and their ``Algorithm``s."""
 
 from sbfunc._namespace import api_dir
-from sbfunc.algorithms.alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
-from sbfunc.algorithms.augment import cutout_batch, mixup_batch, smooth_labels, soft_targets
-from sbfunc.algorithms.augmix import (
+from sbfunc.algorithms._alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
+from sbfunc.algorithms._augmix import (
     AugMix,
     augmix_image,
 )
-from sbfunc.algorithms.averaging import (
+from sbfunc.algorithms._averaging import (
     EMA,
     SWA,
     AveragedState,
 )
-from sbfunc.algorithms.blurpool import (
+from sbfunc.algorithms._blurpool import (
     BlurConv2d,
     BlurMaxPool2d,
     BlurPool,
     apply_blurpool,
 )
-from sbfunc.algorithms.channels_last import ChannelsLast, apply_channels_last
-from sbfunc.algorithms.colout import (
+from sbfunc.algorithms._channels_last import ChannelsLast, apply_channels_last
+from sbfunc.algorithms._colout import (
     ColOut,
     colout_batch,
 )
-from sbfunc.algorithms.composer_algorithms import (
-    CutOut,
-    LabelSmoothing,
-    MixUp,
-)
-from sbfunc.algorithms.cutmix import (
+from sbfunc.algorithms._cutmix import (
     CutMix,
     cutmix_batch,
 )
-from sbfunc.algorithms.ghost_batchnorm import (
+from sbfunc.algorithms._cutout import CutOut, cutout_batch
+from sbfunc.algorithms._ghost_batchnorm import (
     GhostBatchNorm,
     GhostBatchNorm1d,
     GhostBatchNorm2d,
     GhostBatchNorm3d,
     apply_ghost_batchnorm,
 )
-from sbfunc.algorithms.layer_freezing import LayerFreezing
-from sbfunc.algorithms.randaugment import (
+from sbfunc.algorithms._label_smoothing import LabelSmoothing, smooth_labels, soft_targets
+from sbfunc.algorithms._layer_freezing import LayerFreezing
+from sbfunc.algorithms._mixup import MixUp, mixup_batch
+from sbfunc.algorithms._randaugment import (
     RandAugment,
     randaugment_image,
 )
-from sbfunc.algorithms.resizing import (
+from sbfunc.algorithms._resizing import (
     ProgressiveResizing,
     resize_batch,
 )
-from sbfunc.algorithms.sam import (
+from sbfunc.algorithms._sam import (
     SAM,
     sam_gradients,
 )
-from sbfunc.algorithms.scale_schedule import (
+from sbfunc.algorithms._scale_schedule import (
     scale_schedule,
 )
-from sbfunc.algorithms.selective_backprop import (
-    SelectiveBackprop,
-)
-from sbfunc.algorithms.seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length
-from sbfunc.algorithms.squeeze_excite import (
+from sbfunc.algorithms._seq_length_warmup import SeqLengthWarmup, set_batch_sequence_length
+from sbfunc.algorithms._squeeze_excite import (
     SqueezeExcite,
     SqueezeExcite2d,
     SqueezeExciteConv2d,
     apply_squeeze_excite,
 )
-from sbfunc.algorithms.stochastic_depth import (
+from sbfunc.algorithms._stochastic_depth import (
     StochasticBranch,
     StochasticDepth,
     apply_stochastic_depth,
 )
-from sbfunc.algorithms.surgery import Surgery, replace_modules
+from sbfunc.algorithms._surgery import Surgery, replace_modules
+from sbfunc.selective_backprop import SelectiveBackprop
 
 __all__ = [
     "EMA",

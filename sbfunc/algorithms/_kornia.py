@@ -22,7 +22,6 @@ def kornia() -> ModuleType:
         ImportError: kornia is not installed; the message names the extra to install.
 
     Example:
-        >>> from sbfunc.algorithms._kornia import kornia
         >>> kornia().filters.blur_pool2d.__name__
         'blur_pool2d'
     """

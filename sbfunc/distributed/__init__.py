@@ -15,8 +15,9 @@ sharded data and checkpoints (see ``docs/how-to/distributed.md``).
 Everything works without an initialised process group, as a world of one.
 """
 
-from sbfunc.distributed.balance import ExchangePlan, balanced_counts, exchange_plan
-from sbfunc.distributed.checkpoint import (
+from sbfunc._namespace import api_dir
+from sbfunc.distributed._balance import ExchangePlan, balanced_counts, exchange_plan
+from sbfunc.distributed._checkpoint import (
     RankLocal,
     join_state,
     load,
@@ -24,15 +25,15 @@ from sbfunc.distributed.checkpoint import (
     save,
     split_state,
 )
-from sbfunc.distributed.comm import DEFAULT_BUCKET_BYTES, Comm
-from sbfunc.distributed.data import shard_ids, sharded_batches
-from sbfunc.distributed.keys import per_rank, rank_key
-from sbfunc.distributed.mean import mean_across_ranks
-from sbfunc.distributed.meter import Traffic, TrafficMeter
-from sbfunc.distributed.packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
-from sbfunc.distributed.scope import global_selection, local_selection
-from sbfunc.distributed.step import BufferSync, DataParallel, make_data_parallel_step
-from sbfunc.distributed.traffic import gather_traffic, gradient_traffic, rebalance_traffic
+from sbfunc.distributed._comm import DEFAULT_BUCKET_BYTES, Comm
+from sbfunc.distributed._data import shard_ids, sharded_batches
+from sbfunc.distributed._keys import per_rank, rank_key
+from sbfunc.distributed._mean import mean_across_ranks
+from sbfunc.distributed._meter import Traffic, TrafficMeter
+from sbfunc.distributed._packing import RowLayout, batch_rows, pack_rows, unpack_rows, with_rows
+from sbfunc.distributed._scope import global_selection, local_selection
+from sbfunc.distributed._step import BufferSync, DataParallel, make_data_parallel_step
+from sbfunc.distributed._traffic import gather_traffic, gradient_traffic, rebalance_traffic
 
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
@@ -69,5 +70,4 @@ __all__ = [
 ]
 
 
-def __dir__() -> list[str]:  # dir(): the public API and the documented submodule, no internals
-    return sorted({*__all__, "mean"})
+__dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,16 +1,23 @@
-"""The engine: events, the states, algorithms, combinators, planning and ``run_event``.
+"""The engine: events, the states, algorithms, combinators, their ordering and ``run_event``.
 
 Algorithms are pure ``match``/``apply`` pairs: ``match`` decides on the host from the time,
 ``apply`` returns a new :class:`Context` (the one per-step context, focused on the algorithm: its
-own state, scratch, decision and key). Combinators build algorithms from algorithms.
-:func:`run_event` orders an algorithm list for one event, applies the matching ones and
-returns the new :class:`TrainState` with a :class:`Trace` per application. (The planning and
-applying machinery the step uses lives in ``sbfunc.engine.plan`` and ``sbfunc.engine.run``.)
+own state, scratch, decision and key). Combinators build algorithms from algorithms; ordering
+passes (:data:`DEFAULT_PASSES`, :func:`register_pass`, Composer's :data:`COMPOSER_PASSES`)
+order the algorithms of one event. :func:`run_event` orders an algorithm list for one event,
+applies the matching ones and returns the new :class:`TrainState` with a :class:`Trace` per
+application.
+
+The machinery a training step is built from is here too, for code that builds a step
+(:mod:`sbfunc.step`, :mod:`sbfunc.distributed`): :class:`Planner` decides on the host which
+algorithms run on each event of a step, :class:`Carry` is what the step threads through its
+events, :func:`apply_planned` applies one event's planned algorithms, :func:`step_key` and
+:func:`stream_ids` derive the keys, :func:`in_step` says which fields a write may change.
 """
 
-from sbfunc._namespace import api_dir, deprecated_aliases
-from sbfunc.engine.algorithm import Algorithm
-from sbfunc.engine.combinators import (
+from sbfunc._namespace import api_dir
+from sbfunc.engine._algorithm import FLAGS, Algorithm, ApplyResult
+from sbfunc.engine._combinators import (
     during,
     every_n_steps,
     named_sequence,
@@ -18,39 +25,74 @@ from sbfunc.engine.combinators import (
     sequence,
     when,
 )
-from sbfunc.engine.events import Event
-from sbfunc.engine.hyperparams import ElapsedSchedule, schedule_hyperparams
-from sbfunc.engine.run import run_event
-from sbfunc.engine.state import Context, Time, TrainState
-from sbfunc.engine.trace import Trace
+from sbfunc.engine._events import Event
+from sbfunc.engine._hyperparams import ElapsedSchedule, schedule_hyperparams
+from sbfunc.engine._ordering import (
+    COMPOSER_PASSES,
+    DEFAULT_PASSES,
+    MultipleLossInterpolationWarning,
+    Pass,
+    order_by_phase,
+    phase,
+    register_pass,
+    set_filo_order,
+    sort_fused_layernorm_last,
+    sort_selective_backprop_first,
+    sort_to_back,
+    sort_to_front,
+    warn_if_multiple_loss_interpolation,
+)
+from sbfunc.engine._plan import Plan, Planner
+from sbfunc.engine._run import Carry, advance_time, apply_planned, run_event, step_key
+from sbfunc.engine._state import Context, Duration, Time, TrainState
+from sbfunc.engine._trace import Trace, stream_ids, trace_labels, unpack_result
+from sbfunc.engine._writes import EVALUATION, Writable, in_step
 
 __all__ = [
+    "COMPOSER_PASSES",
+    "DEFAULT_PASSES",
+    "EVALUATION",
+    "FLAGS",
     "Algorithm",
+    "ApplyResult",
+    "Carry",
     "Context",
+    "Duration",
     "ElapsedSchedule",
     "Event",
+    "MultipleLossInterpolationWarning",
+    "Pass",
+    "Plan",
+    "Planner",
     "Time",
     "Trace",
     "TrainState",
+    "Writable",
+    "advance_time",
+    "apply_planned",
     "during",
     "every_n_steps",
+    "in_step",
     "named_sequence",
     "on_events",
+    "order_by_phase",
+    "phase",
+    "register_pass",
     "run_event",
     "schedule_hyperparams",
     "sequence",
+    "set_filo_order",
+    "sort_fused_layernorm_last",
+    "sort_selective_backprop_first",
+    "sort_to_back",
+    "sort_to_front",
+    "step_key",
+    "stream_ids",
+    "trace_labels",
+    "unpack_result",
+    "warn_if_multiple_loss_interpolation",
     "when",
 ]
 
 
-__getattr__ = deprecated_aliases(
-    "sbfunc.engine",
-    {
-        "State": "sbfunc.engine:Context",
-        "Schedule": "sbfunc.engine:ElapsedSchedule",
-        "chain": "sbfunc.engine:sequence",
-        "named_chain": "sbfunc.engine:named_sequence",
-        "inject_hyperparams": "sbfunc.engine:schedule_hyperparams",
-    },
-)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -14,22 +14,43 @@ differ by one rounding per step, where torch fuses the parameter into its last k
 each function). A learning rate (or
 weight decay) may be a schedule, a function of the state's step count evaluated with tensor ops,
 so a compiled step compiles once. :func:`apply_if_finite` (skip non-finite updates) and
-:func:`multi_steps` (gradient accumulation) wrap a transformation, and so does
-:func:`dynamic_loss_scale` (float16 training's loss scale, ``torch.amp.GradScaler``).
+:func:`multi_steps` (gradient accumulation, skipping micro-steps with :func:`skip_not_finite`
+or :func:`skip_large_updates`) wrap a transformation, and so do :func:`dynamic_loss_scale`
+(float16 training's loss scale, ``torch.amp.GradScaler``), :func:`masked` (a transformation on
+some parameters: no-decay groups, and freezing with :func:`set_to_zero`) and
+:func:`inject_hyperparams` (hyperparameters kept in the state, where they can be changed).
+The optimizers take the learning rate as ``lr`` (torch's spelling) or ``learning_rate``
+(optax's).
 
 ``update`` is differentiable (torch.func can differentiate through it); call it under
 ``torch.no_grad()`` when the parameters require grad and no gradient through the step is wanted.
 """
 
+from sbfunc._finite import all_finite, keep_if_finite
 from sbfunc._namespace import api_dir
 from sbfunc.optim._accumulate import MultiStepsState, multi_steps
 from sbfunc.optim._adam import adam, adamw, decoupled_adamw
-from sbfunc.optim._base import EmptyState, GradientTransformation, apply_updates, chain
+from sbfunc.optim._base import (
+    EmptyState,
+    GradientTransformation,
+    TransformRecord,
+    apply_updates,
+    chain,
+)
 from sbfunc.optim._clip import ClipFormula, clip_by_global_norm
-from sbfunc.optim._finite import ApplyIfFiniteState, all_finite, apply_if_finite, keep_if_finite
-from sbfunc.optim._join import join_schedules, warmup_cosine_decay_schedule
-from sbfunc.optim._loss_scale import LossScaleState, dynamic_loss_scale, loss_scale
+from sbfunc.optim._finite import ApplyIfFiniteState, apply_if_finite
+from sbfunc.optim._inject import InjectHyperparamsState, inject_hyperparams
+from sbfunc.optim._join import join_schedules, stretch_schedule, warmup_cosine_decay_schedule
+from sbfunc.optim._loss_scale import (
+    LossScaleState,
+    dynamic_loss_scale,
+    loss_scale,
+    scales_loss,
+    unscale,
+)
+from sbfunc.optim._masking import MaskedState, masked, set_to_zero
 from sbfunc.optim._moments import ScaleByAdamState, TraceState, scale_by_adam, trace
+from sbfunc.optim._rms import ScaleByRmsState, scale_by_rms
 from sbfunc.optim._schedules import (
     Schedule,
     constant_schedule,
@@ -37,8 +58,10 @@ from sbfunc.optim._schedules import (
     exponential_decay,
     linear_schedule,
     piecewise_constant_schedule,
+    polynomial_schedule,
 )
 from sbfunc.optim._sgd import decoupled_sgdw, sgd
+from sbfunc.optim._skip import ShouldSkipUpdateFn, skip_large_updates, skip_not_finite
 from sbfunc.optim._transforms import (
     ScaleByScheduleState,
     add_decayed_weights,
@@ -55,13 +78,18 @@ __all__ = [
     "ClipFormula",
     "EmptyState",
     "GradientTransformation",
+    "InjectHyperparamsState",
     "LossScaleState",
+    "MaskedState",
     "MultiStepsState",
     "Optimizer",
     "ScaleByAdamState",
+    "ScaleByRmsState",
     "ScaleByScheduleState",
     "Schedule",
+    "ShouldSkipUpdateFn",
     "TraceState",
+    "TransformRecord",
     "adam",
     "adamw",
     "add_decayed_weights",
@@ -77,17 +105,27 @@ __all__ = [
     "decoupled_weight_decay",
     "dynamic_loss_scale",
     "exponential_decay",
+    "inject_hyperparams",
     "join_schedules",
     "keep_if_finite",
     "linear_schedule",
     "loss_scale",
+    "masked",
     "multi_steps",
     "piecewise_constant_schedule",
+    "polynomial_schedule",
     "scale",
     "scale_by_adam",
     "scale_by_learning_rate",
+    "scale_by_rms",
+    "scales_loss",
+    "set_to_zero",
     "sgd",
+    "skip_large_updates",
+    "skip_not_finite",
+    "stretch_schedule",
     "trace",
+    "unscale",
     "warmup_cosine_decay_schedule",
 ]
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from sbfunc.optim._base import GradientTransformation, is_zero, optimizer_of
-from sbfunc.optim._checks import check_real_or_schedule, describe
-from sbfunc.optim._moments import _ScaleByAdam, check_adam
+from sbfunc.optim._checks import call_repr, check_real_or_schedule, learning_rate_of
+from sbfunc.optim._moments import ScaleByAdamRecord, check_adam
 from sbfunc.optim._transforms import (
     HParam,
     add_decayed_weights,
@@ -20,19 +22,25 @@ from sbfunc.validation import check_bool
 __all__ = ["adam", "adamw", "decoupled_adamw"]
 
 
-def _check_adam(
-    lr: Any, b1: Any, b2: Any, eps: Any, weight_decay: Any, amsgrad: Any, maximize: Any
-) -> dict[str, Any]:
-    checked = check_adam(b1, b2, eps, amsgrad)
-    return {
-        "lr": check_real_or_schedule(lr, "lr"),
+def _check_adam(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The checked arguments of an Adam optimizer (``given``: its ``locals()``), in the order
+    of its repr; ``mu_dtype`` only when set."""
+    lr = learning_rate_of(name, given["lr"], given["learning_rate"])
+    checked = check_adam(
+        given["b1"], given["b2"], given["eps"], given["amsgrad"], given["mu_dtype"]
+    )
+    args = {
+        "lr": check_real_or_schedule(lr, "lr" if given["lr"] is not None else "learning_rate"),
         "b1": checked["b1"],
         "b2": checked["b2"],
         "eps": checked["eps"],
-        "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
+        "weight_decay": check_real_or_schedule(given["weight_decay"], "weight_decay"),
         "amsgrad": checked["amsgrad"],
-        "maximize": check_bool(maximize, "maximize"),
+        "maximize": check_bool(given["maximize"], "maximize"),
     }
+    if checked["mu_dtype"] is not None:
+        args["mu_dtype"] = checked["mu_dtype"]
+    return args
 
 
 def _adam(
@@ -44,7 +52,7 @@ def _adam(
     parts = [scale(-1.0)] if args["maximize"] else []
     if l2 and not is_zero(wd):
         parts.append(add_decayed_weights(wd))
-    moments = _ScaleByAdam(
+    moments = ScaleByAdamRecord(
         name="scale_by_adam",
         b1=args["b1"],
         b2=args["b2"],
@@ -52,24 +60,27 @@ def _adam(
         amsgrad=args["amsgrad"],
         learning_rate=lr,
         lerp=initial_lr is None,  # Composer's first moment: mul + add instead of lerp
+        mu_dtype=args.get("mu_dtype"),
     )
     parts.append(moments.transformation())
     if not l2 and not is_zero(wd):
         start = 1.0 if initial_lr is None else initial_lr
         parts.append(decoupled_weight_decay(wd, learning_rate=lr, initial_lr=start))
     shown = args if initial_lr is None else {**args, "initial_lr": initial_lr}
-    return optimizer_of(describe(name, shown), parts)
+    return optimizer_of(call_repr(name, shown), parts)
 
 
 def adam(
-    lr: HParam,
+    lr: HParam | None = None,
     *,
+    learning_rate: HParam | None = None,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay: HParam = 0.0,
     amsgrad: bool = False,
     maximize: bool = False,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """Adam, exactly as ``torch.optim.Adam`` (weight decay as an L2 term in the gradient).
 
@@ -90,12 +101,15 @@ def adam(
         lr: the learning rate, ``>= 0`` (as torch.optim and optax: 0 updates by zeros), or a
             schedule (``count -> 0-d tensor``, evaluated inside ``update`` on the steps taken
             so far, like ``torch.optim.lr_scheduler``).
+        learning_rate: ``lr`` in optax's spelling; give one of the two.
         b1: the decay of the first-moment average, in ``[0, 1)``.
         b2: the decay of the second-moment average, in ``[0, 1)``.
         eps: added to the denominator, ``>= 0``.
         weight_decay: the L2 penalty added to the gradient, ``>= 0``, or a schedule.
         amsgrad: use the running maximum of the second moment (AMSGrad).
         maximize: maximize the objective instead of minimizing it.
+        mu_dtype: ``None`` (the parameters' dtype) or the floating dtype the first moment is
+            kept in, optax's (see :func:`scale_by_adam`).
 
     Returns:
         A :class:`GradientTransformation`: the :func:`chain` of ``scale(-1.0)`` (when
@@ -104,7 +118,8 @@ def adam(
         single part's state alone: :class:`ScaleByAdamState`).
 
     Raises:
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type, or both or neither of ``lr`` and
+            ``learning_rate``.
         ValueError: for out-of-range values.
 
     Example:
@@ -120,19 +135,21 @@ def adam(
         "On the Convergence of Adam and Beyond" (AMSGrad); PyTorch ``torch.optim.Adam``;
         DeepMind optax ``adam``.
     """
-    args = _check_adam(lr, b1, b2, eps, weight_decay, amsgrad, maximize)
+    args = _check_adam("adam", locals())
     return _adam("adam", args, l2=True)
 
 
 def adamw(
-    lr: HParam,
+    lr: HParam | None = None,
     *,
+    learning_rate: HParam | None = None,
     b1: float = 0.9,
     b2: float = 0.999,
     eps: float = 1e-8,
     weight_decay: HParam = 1e-2,
     amsgrad: bool = False,
     maximize: bool = False,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """AdamW, as ``torch.optim.AdamW``: Adam with decoupled weight decay.
 
@@ -145,18 +162,22 @@ def adamw(
 
     Args:
         lr: as in :func:`adam`.
+        learning_rate: as in :func:`adam`.
         b1: as in :func:`adam`.
         b2: as in :func:`adam`.
         eps: as in :func:`adam`.
         amsgrad: as in :func:`adam`.
         maximize: as in :func:`adam`.
-        weight_decay: the decay per unit of learning rate, ``>= 0``, or a schedule.
+        mu_dtype: as in :func:`adam`.
+        weight_decay: the decay per unit of learning rate, ``>= 0``, or a schedule (torch's
+            default 1e-2, where optax's ``adamw`` has 1e-4).
 
     Returns:
         A :class:`GradientTransformation`: see :func:`adam`.
 
     Raises:
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type, or both or neither of ``lr`` and
+            ``learning_rate``.
         ValueError: for out-of-range values.
 
     Example:
@@ -171,13 +192,14 @@ def adamw(
         Loshchilov and Hutter 2019, "Decoupled Weight Decay Regularization"; PyTorch
         ``torch.optim.AdamW``; DeepMind optax ``adamw``.
     """
-    args = _check_adam(lr, b1, b2, eps, weight_decay, amsgrad, maximize)
+    args = _check_adam("adamw", locals())
     return _adam("adamw", args, l2=False)
 
 
 def decoupled_adamw(
-    lr: HParam,
+    lr: HParam | None = None,
     *,
+    learning_rate: HParam | None = None,
     b1: float = 0.9,
     b2: float = 0.95,
     eps: float = 1e-8,
@@ -185,6 +207,7 @@ def decoupled_adamw(
     amsgrad: bool = False,
     maximize: bool = False,
     initial_lr: float | None = None,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """Adam with weight decay decoupled from the learning rate, as Composer's
     ``DecoupledAdamW``.
@@ -201,6 +224,7 @@ def decoupled_adamw(
 
     Args:
         lr: as in :func:`adam`.
+        learning_rate: as in :func:`adam`.
         b1: as in :func:`adam`.
         b2: as in :func:`adam`.
         eps: as in :func:`adam`.
@@ -209,12 +233,14 @@ def decoupled_adamw(
         maximize: maximize the objective (an sbfunc extension; Composer has none).
         initial_lr: Composer's base learning rate, ``> 0``; defaults to ``lr`` (a float) or
             the schedule's value at step 0 (give it, e.g. the peak, for a warm-up from 0).
+        mu_dtype: as in :func:`adam`.
 
     Returns:
         A :class:`GradientTransformation`: see :func:`adam`.
 
     Raises:
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type, or both or neither of ``lr`` and
+            ``learning_rate``.
         ValueError: for out-of-range values or no positive ``initial_lr``.
 
     Example:
@@ -229,6 +255,6 @@ def decoupled_adamw(
         MosaicML Composer ``composer.optim.DecoupledAdamW``; Loshchilov and Hutter 2019,
         "Decoupled Weight Decay Regularization"; PyTorch ``torch.optim.AdamW``.
     """
-    args = _check_adam(lr, b1, b2, eps, weight_decay, amsgrad, maximize)
+    args = _check_adam("decoupled_adamw", locals())
     start = check_initial_lr(initial_lr, args["lr"])
     return _adam("decoupled_adamw", args, l2=False, initial_lr=start)

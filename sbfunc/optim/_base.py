@@ -10,11 +10,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.optim._checks import describe
+from sbfunc.optim._checks import call_repr
 from sbfunc.optim._schedules import value_at
 from sbfunc.types import EmptyState, Params
 
 __all__ = [
+    "HIDDEN_UNSET",
     "EmptyState",
     "GradientTransformation",
     "Scalar",
@@ -24,11 +25,13 @@ __all__ = [
     "cast_like",
     "chain",
     "check_grads",
-    "host_readable",
     "hyperparam_at",
     "is_zero",
+    "kept_in",
+    "narrowed",
     "optimizer_of",
     "scalar_like",
+    "widened",
     "zero_count",
 ]
 
@@ -99,8 +102,18 @@ class TransformRecord:
         return GradientTransformation(self.init, self.update)
 
     def __repr__(self) -> str:
-        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.repr}
-        return describe(self.name, shown)
+        shown = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.repr and not (f.metadata.get("unset_hidden") and getattr(self, f.name) is None)
+        }
+        return call_repr(self.name, shown)
+
+
+HIDDEN_UNSET = {"unset_hidden": True}
+"""The metadata of a record field defaulting to ``None`` that the repr shows only when set (the
+options added after the reprs were fixed, such as ``mu_dtype``):
+``dataclasses.field(default=None, metadata=HIDDEN_UNSET)``."""
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
@@ -238,6 +251,27 @@ def zero_count(params: Params) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=device)
 
 
+def kept_in(dtype: torch.dtype | None, params: Params) -> Params:
+    """Zeros like ``params``, in ``dtype`` (``None``: each parameter's)."""
+    return {k: torch.zeros_like(p, dtype=dtype) for k, p in params.items()}
+
+
+def widened(dtype: torch.dtype | None, updates: Params, *trees: Params) -> tuple[Params, ...]:
+    """``updates`` and ``trees`` in the dtype they are computed in when a state is kept in
+    ``dtype``: the promotion of each update's dtype and ``dtype`` (optax's ``mu_dtype`` and
+    ``accumulator_dtype``: the computation is not narrowed, only what is stored); ``None``:
+    unchanged. ``.to`` of a tensor already in that dtype is the tensor itself."""
+    if dtype is None:
+        return (updates, *trees)
+    wide = {k: torch.promote_types(u.dtype, dtype) for k, u in updates.items()}
+    return tuple({k: t.to(wide[k]) for k, t in tree.items()} for tree in (updates, *trees))
+
+
+def narrowed(dtype: torch.dtype | None, tree: Params) -> Params:
+    """``tree`` stored in ``dtype`` (``None``: as it is)."""
+    return tree if dtype is None else {k: t.to(dtype) for k, t in tree.items()}
+
+
 def hyperparam_at(value: float | Callable[..., Any], count: torch.Tensor) -> Scalar:
     """A hyperparameter's value at ``count``: a float stays, a schedule is evaluated to a 0-d
     float64 tensor on the count's device (tensor ops only, no host sync)."""
@@ -305,17 +339,6 @@ def _grouped(layout: _Layout) -> tuple[tuple[str, ...], ...]:
 # Eagerly, :func:`by_group` runs twice a step on the same few layouts: remember the last ones
 # (names, devices and dtypes only, never a tensor; a bounded cache).
 _memo_grouped = functools.lru_cache(maxsize=32)(_grouped)
-
-
-def host_readable(t: torch.Tensor) -> bool:
-    """Whether reading ``t`` on the host costs nothing: a CPU tensor while nothing traces
-    (no compiler, no torch.func transform). The eager fast paths branch on such values
-    instead of computing every case with tensor ops."""
-    return (
-        t.device.type == "cpu"
-        and not torch.compiler.is_compiling()
-        and torch._C._functorch.peek_interpreter_stack() is None
-    )
 
 
 def scalar_like(value: Scalar | None, like: torch.Tensor) -> Scalar | None:

@@ -1,20 +1,19 @@
-"""The non-finite guard: a fused finiteness check without a host sync, a leafwise select, and
-:func:`apply_if_finite`, which skips the updates of non-finite gradients."""
+""":func:`apply_if_finite`, which skips the updates of non-finite gradients (the finiteness
+check and the leafwise select it uses live in :mod:`sbfunc._finite`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import torch
-import torch.utils._pytree as torch_pytree
 
+from sbfunc._finite import all_finite, keep_if_finite
+from sbfunc._tracing import host_flag
 from sbfunc.optim._base import (
     GradientTransformation,
     TransformRecord,
     cast_like,
-    host_readable,
     zero_count,
 )
 from sbfunc.types import Params
@@ -22,94 +21,10 @@ from sbfunc.validation import check_int
 
 __all__ = [
     "ApplyIfFiniteState",
-    "all_finite",
     "apply_if_finite",
-    "host_flag",
-    "keep_if_finite",
     "negative_zeros",
     "update_if",
 ]
-
-
-def all_finite(
-    tensors: Iterable[torch.Tensor], *, finite: torch.Tensor | None = None
-) -> torch.Tensor:
-    """A 0-d bool tensor: every entry of every tensor is finite (and ``finite``, when given).
-
-    One fused pass per device, without a host sync: the kernel ``torch.amp.GradScaler`` uses to
-    find non-finite gradients, with a scale of exactly 1, which leaves every value as it is (it
-    writes each tensor with itself, bit for bit, and does not advance ``_version``; a tensor
-    whose elements share memory, such as a gradient returned as an expanded view, is checked
-    on a contiguous copy). About 10x cheaper on the CPU than a max-norm per tensor.
-
-    Args:
-        tensors: floating-point or complex tensors, on any devices.
-        finite: a 0-d bool tensor to combine with (the result lives on its device).
-
-    Returns:
-        The flag, on the device of ``finite`` or of the first tensor (the CPU for none).
-
-    Example:
-        >>> from sbfunc import optim
-        >>> optim.all_finite([torch.tensor([1.0, float("nan")])], finite=torch.tensor(True))
-        tensor(False)
-
-    References:
-        PyTorch ``torch.amp.GradScaler`` (``_amp_foreach_non_finite_check_and_unscale_``);
-        DeepMind optax ``apply_if_finite``.
-    """
-    by_device: dict[torch.device, list[torch.Tensor]] = {}
-    for t in tensors:
-        if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape, strict=True)):
-            t = t.contiguous()  # the kernel writes each tensor: no two elements may alias
-        if t.is_complex():  # (the kernel has no complex version: the parts, as torch.optim)
-            t = torch.view_as_real(t)
-        by_device.setdefault(t.device, []).append(t)
-    for device, group in by_device.items():
-        found = torch.zeros((), device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(
-            group, found, torch.ones((), device=device)
-        )
-        flag = found == 0
-        finite = flag if finite is None else finite & flag.to(finite.device)
-    return torch.ones((), dtype=torch.bool) if finite is None else finite
-
-
-def keep_if_finite(finite: torch.Tensor, new: Any, old: Any) -> Any:
-    """``new`` where ``finite`` holds, else ``old``, leaf by leaf over matching pytrees.
-
-    Non-tensor leaves come from ``new``. This is how a non-finite update never reaches the
-    parameters or a state without a host sync (cf. optax ``apply_if_finite``).
-
-    Args:
-        finite: a 0-d bool tensor.
-        new: the values to keep when ``finite`` holds.
-        old: the values to keep otherwise, with the structure of ``new``.
-
-    Returns:
-        The selected pytree (new tensors: one ``torch.where`` per leaf).
-
-    Example:
-        >>> from sbfunc import optim
-        >>> optim.keep_if_finite(torch.tensor(False), {"w": torch.ones(2)}, {"w": torch.zeros(2)})
-        {'w': tensor([0., 0.])}
-
-    References:
-        DeepMind optax ``apply_if_finite``.
-    """
-
-    def pick(n: Any, o: Any) -> Any:
-        if isinstance(n, torch.Tensor) and isinstance(o, torch.Tensor):
-            return torch.where(finite, n, o)
-        return n
-
-    return torch_pytree.tree_map(pick, new, old)
-
-
-def host_flag(flag: torch.Tensor) -> bool | None:
-    """``flag`` as a Python bool when reading it costs nothing (a CPU tensor, nothing
-    tracing), else ``None`` (select with ``torch.where`` instead of branching)."""
-    return bool(flag) if host_readable(flag) else None
 
 
 def negative_zeros(updates: Params) -> Params:

@@ -1,4 +1,5 @@
-"""Schedules made of schedules: ``join_schedules`` and the warm-up-then-cosine schedule."""
+"""Schedules made of schedules: ``join_schedules``, the warm-up-then-cosine schedule and
+``stretch_schedule``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import torch
 
-from sbfunc.optim._checks import describe
+from sbfunc.optim._checks import call_repr
 from sbfunc.optim._schedules import (
     NamedSchedule,
     Schedule,
@@ -17,7 +18,7 @@ from sbfunc.optim._schedules import (
 )
 from sbfunc.validation import check_int, check_real
 
-__all__ = ["join_schedules", "warmup_cosine_decay_schedule"]
+__all__ = ["join_schedules", "stretch_schedule", "warmup_cosine_decay_schedule"]
 
 
 def _join(
@@ -73,7 +74,7 @@ def join_schedules(schedules: Sequence[Schedule], boundaries: Sequence[int]) -> 
         )
     if list(bounds) != sorted(bounds):
         raise ValueError(f"boundaries must be non-decreasing, got {list(bounds)}")
-    text = describe("join_schedules", {"schedules": list(schedules), "boundaries": list(bounds)})
+    text = call_repr("join_schedules", {"schedules": list(schedules), "boundaries": list(bounds)})
     return NamedSchedule(_join(schedules, bounds), text)
 
 
@@ -132,7 +133,7 @@ def warmup_cosine_decay_schedule(
     alpha = 0.0 if peak == 0.0 else end / peak
     warm = linear_schedule(init, peak, warmup)
     decay = cosine_decay_schedule(peak, total - warmup, alpha=alpha, exponent=exponent)
-    text = describe(
+    text = call_repr(
         "warmup_cosine_decay_schedule",
         {
             "init": init,
@@ -144,3 +145,39 @@ def warmup_cosine_decay_schedule(
         },
     )
     return NamedSchedule(_join((warm, decay), (warmup,)), text)
+
+
+def stretch_schedule(schedule: Callable[[Any], Any], ratio: float) -> Schedule:
+    """``schedule`` stretched in time by ``ratio``: its value at step ``c`` is
+    ``schedule(c / ratio)`` (``ratio < 1`` runs it faster, over a shorter run), evaluated with
+    tensor ops on a float64 count, so a compiled step compiles once.
+
+    Args:
+        schedule: any schedule (a callable of the step count).
+        ratio: the stretch, ``> 0``.
+
+    Returns:
+        The stretched :data:`Schedule`, with a readable repr.
+
+    Raises:
+        TypeError: for a ``schedule`` that is not callable or a ``ratio`` that is not a number.
+        ValueError: for ``ratio <= 0``.
+
+    Example:
+        >>> lr = sbfunc.optim.stretch_schedule(sbfunc.optim.linear_schedule(1.0, 0.0, 100), 0.5)
+        >>> round(float(lr(25)), 3), lr
+        (0.5, stretch_schedule(schedule=linear_schedule(init=1.0, end=0.0, ...), ratio=0.5))
+
+    References:
+        MosaicML Composer ``Trainer(scale_schedule_ratio=...)``.
+    """
+    if not callable(schedule):
+        raise TypeError(f"schedule must be a callable of the step count, got {schedule!r:.60}")
+    ratio = check_real(ratio, "ratio", low=0.0, open_low=True)
+
+    def stretched(count: torch.Tensor) -> torch.Tensor:
+        return value_at(schedule, count.to(torch.float64) / ratio)
+
+    return NamedSchedule(
+        stretched, call_repr("stretch_schedule", {"schedule": schedule, "ratio": ratio})
+    )

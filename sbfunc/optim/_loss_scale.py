@@ -9,8 +9,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sbfunc._finite import all_finite
 from sbfunc.optim._base import GradientTransformation, TransformRecord, by_group, zero_count
-from sbfunc.optim._finite import all_finite, update_if
+from sbfunc.optim._finite import update_if
 from sbfunc.types import Params
 from sbfunc.validation import check_int, check_real
 

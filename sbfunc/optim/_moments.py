@@ -9,17 +9,21 @@ from typing import NamedTuple
 
 import torch
 
+from sbfunc._tracing import host_readable
 from sbfunc.optim._base import (
+    HIDDEN_UNSET,
     GradientTransformation,
     Scalar,
     TransformRecord,
     by_group,
     cast_like,
-    host_readable,
+    kept_in,
+    narrowed,
     scalar_like,
+    widened,
     zero_count,
 )
-from sbfunc.optim._checks import check_real_or_schedule
+from sbfunc.optim._checks import check_dtype, check_real_or_schedule
 from sbfunc.optim._schedules import value_at
 from sbfunc.optim._transforms import HParam
 from sbfunc.types import Params
@@ -63,14 +67,18 @@ class _Trace(TransformRecord):
     momentum: float
     dampening: float = 0.0
     nesterov: bool = False
+    accumulator_dtype: torch.dtype | None = dataclasses.field(default=None, metadata=HIDDEN_UNSET)
 
     def init(self, params: Params) -> TraceState:
-        return TraceState(zero_count(params), {k: torch.zeros_like(p) for k, p in params.items()})
+        return TraceState(zero_count(params), kept_in(self.accumulator_dtype, params))
 
     def update(
         self, updates: Params, state: TraceState, params: Params | None = None
     ) -> tuple[Params, TraceState]:
-        updates = cast_like(updates, state.momentum_buffer)  # computed in the buffers' dtype
+        kept = self.accumulator_dtype
+        if kept is None:
+            updates = cast_like(updates, state.momentum_buffer)  # in the buffers' dtype
+        updates, buffers = widened(kept, updates, state.momentum_buffer)
         first = None
         if self.dampening != 0:  # 1.0 at the first step, where torch copies the gradient
             first = (state.count == 0).to(_F64)
@@ -87,8 +95,8 @@ class _Trace(TransformRecord):
                 return list(torch._foreach_add(g, new_b, alpha=self.momentum)), new_b
             return new_b, new_b
 
-        out, buffers = by_group(step, updates, state.momentum_buffer, outputs=2)
-        return out, TraceState(state.count + 1, buffers)
+        out, buffers = by_group(step, updates, buffers, outputs=2)
+        return out, TraceState(state.count + 1, narrowed(kept, buffers))
 
 
 def check_momentum(momentum: object, dampening: object, nesterov: object) -> dict[str, object]:
@@ -107,18 +115,27 @@ def check_momentum(momentum: object, dampening: object, nesterov: object) -> dic
 
 
 def trace(
-    momentum: float, *, dampening: float = 0.0, nesterov: bool = False
+    momentum: float,
+    *,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+    accumulator_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """SGD's momentum, exactly as ``torch.optim.SGD`` keeps it.
 
     ``b = g`` at the first update, then ``b = momentum * b + (1 - dampening) * g``; the update
     is ``g + momentum * b`` (Nesterov) or ``b``. With ``dampening=0`` this is optax's
     ``trace``. Gradients of another dtype are cast to the buffers' (the parameters') dtype.
+    With ``accumulator_dtype`` (optax's), the buffers are kept in that dtype: each update is
+    computed in the wider of it and the gradient's dtype, and only the stored buffer is
+    rounded to it (``torch.bfloat16`` halves the buffers' memory of float32 parameters).
 
     Args:
         momentum: the momentum factor, ``>= 0``.
         dampening: the dampening of the momentum, in ``[0, 1]``.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
+        accumulator_dtype: ``None`` (the parameters' dtype) or the floating dtype the
+            momentum buffers are kept in.
 
     Returns:
         A :class:`GradientTransformation` with state :class:`TraceState`.
@@ -142,7 +159,8 @@ def trace(
         ``trace``.
     """
     args = check_momentum(momentum, dampening, nesterov)
-    return _Trace(name="trace", **args).transformation()  # type: ignore[arg-type]
+    kept = check_dtype(accumulator_dtype, "accumulator_dtype")
+    return _Trace(name="trace", **args, accumulator_dtype=kept).transformation()  # type: ignore[arg-type]
 
 
 Lists = list[torch.Tensor]
@@ -192,7 +210,7 @@ class ScaleByAdamState(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _ScaleByAdam(TransformRecord):
+class ScaleByAdamRecord(TransformRecord):
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
@@ -200,13 +218,16 @@ class _ScaleByAdam(TransformRecord):
     learning_rate: HParam | None = None
     lerp: bool = dataclasses.field(default=True, repr=False)  # torch's lerp, or Composer's
     # mul + add, for the first moment
+    mu_dtype: torch.dtype | None = dataclasses.field(default=None, metadata=HIDDEN_UNSET)
 
     def init(self, params: Params) -> ScaleByAdamState:
-        def zeros() -> Params:
-            return {k: torch.zeros_like(p) for k, p in params.items()}
-
+        if self.mu_dtype is not None and any(p.is_complex() for p in params.values()):
+            raise TypeError("mu_dtype is for real parameters; leave it None for complex ones")
         return ScaleByAdamState(
-            zero_count(params), zeros(), zeros(), zeros() if self.amsgrad else {}
+            zero_count(params),
+            kept_in(self.mu_dtype, params),
+            kept_in(None, params),
+            kept_in(None, params) if self.amsgrad else {},
         )
 
     def scalars(self, count: torch.Tensor) -> tuple[Scalar, Scalar]:
@@ -230,8 +251,10 @@ class _ScaleByAdam(TransformRecord):
     def update(
         self, updates: Params, state: ScaleByAdamState, params: Params | None = None
     ) -> tuple[Params, ScaleByAdamState]:
-        updates = cast_like(updates, state.exp_avg)  # computed in the moments' dtype
+        updates = cast_like(updates, state.exp_avg_sq)  # computed in the moments' dtype
         step, bc2_sqrt = self.scalars(state.count)
+        v_max = state.max_exp_avg_sq if self.amsgrad else state.exp_avg_sq  # (unused without)
+        widen = widened(self.mu_dtype, updates, state.exp_avg, state.exp_avg_sq, v_max)
 
         @on_real_views
         def moments(g: Lists, m: Lists, v: Lists, v_max: Lists) -> tuple[Lists, ...]:
@@ -253,24 +276,26 @@ class _ScaleByAdam(TransformRecord):
             torch._foreach_div_(out, denom)
             return out, m, v, v_max
 
-        out, m, v, v_max = by_group(
-            moments,
-            updates,
-            state.exp_avg,
-            state.exp_avg_sq,
-            state.max_exp_avg_sq if self.amsgrad else state.exp_avg_sq,  # (unused without)
-            outputs=4,
-        )
+        out, m, v, v_max = by_group(moments, *widen, outputs=4)
+        if self.mu_dtype is not None:  # only the stored moments are rounded
+            m, v, v_max = (
+                narrowed(self.mu_dtype, m),
+                cast_like(v, updates),
+                cast_like(v_max, updates),
+            )
         return out, ScaleByAdamState(state.count + 1, m, v, v_max if self.amsgrad else {})
 
 
-def check_adam(b1: object, b2: object, eps: object, amsgrad: object) -> dict[str, object]:
+def check_adam(
+    b1: object, b2: object, eps: object, amsgrad: object, mu_dtype: object = None
+) -> dict[str, object]:
     """The checked moment arguments of :func:`scale_by_adam` and the Adam optimizers."""
     return {
         "b1": check_real(b1, "b1", low=0.0, high=1.0, open_high=True),
         "b2": check_real(b2, "b2", low=0.0, high=1.0, open_high=True),
         "eps": check_real(eps, "eps", low=0.0),
         "amsgrad": check_bool(amsgrad, "amsgrad"),
+        "mu_dtype": check_dtype(mu_dtype, "mu_dtype"),
     }
 
 
@@ -281,6 +306,7 @@ def scale_by_adam(
     *,
     amsgrad: bool = False,
     learning_rate: HParam | None = None,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """Adam's rescaling of the gradient, exactly as ``torch.optim.Adam`` computes it.
 
@@ -302,6 +328,9 @@ def scale_by_adam(
         amsgrad: use the running maximum of the second moment (AMSGrad).
         learning_rate: ``None`` (no learning rate, no negation), or ``>= 0`` or a schedule:
             the update is then the descent step itself.
+        mu_dtype: ``None`` (the parameters' dtype) or the floating dtype the first moment is
+            kept in (optax's): the step is computed in the wider of it and the parameters'
+            dtype, and only the stored ``exp_avg`` is rounded to it.
 
     Returns:
         A :class:`GradientTransformation` with state :class:`ScaleByAdamState`.
@@ -321,8 +350,8 @@ def scale_by_adam(
         "On the Convergence of Adam and Beyond" (AMSGrad); PyTorch ``torch.optim.Adam``;
         DeepMind optax ``scale_by_adam``.
     """
-    args = check_adam(b1, b2, eps, amsgrad)
+    args = check_adam(b1, b2, eps, amsgrad, mu_dtype)
     lr = None
     if learning_rate is not None:
         lr = check_real_or_schedule(learning_rate, "learning_rate")
-    return _ScaleByAdam(name="scale_by_adam", learning_rate=lr, **args).transformation()  # type: ignore[arg-type]
+    return ScaleByAdamRecord(name="scale_by_adam", learning_rate=lr, **args).transformation()  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sbfunc.optim._checks import describe
+from sbfunc.optim._checks import call_repr
 from sbfunc.validation import check_bool, check_int, check_real
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "exponential_decay",
     "linear_schedule",
     "piecewise_constant_schedule",
+    "polynomial_schedule",
     "value_at",
 ]
 
@@ -99,7 +100,39 @@ def constant_schedule(value: float) -> Schedule:
         DeepMind optax ``constant_schedule``.
     """
     value = check_real(value, "value")
-    return NamedSchedule(_constant(value), describe("constant_schedule", {"value": value}))
+    return NamedSchedule(_constant(value), call_repr("constant_schedule", {"value": value}))
+
+
+def _polynomial(
+    init: float, end: float, power: float, steps: int, begin: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``(init - end) * (1 - clip(t - begin, 0, steps) / steps) ** power + end``."""
+
+    def fn(count: torch.Tensor) -> torch.Tensor:
+        t = (_steps(count) - begin).clamp(0, steps)
+        frac = 1 - t / steps
+        return (init - end) * (frac if power == 1 else frac**power) + end
+
+    return fn
+
+
+def _transition(
+    name: str, init: Any, end: Any, power: Any, transition_steps: Any, transition_begin: Any
+) -> Schedule:
+    """The checked polynomial transition of :func:`linear_schedule` (``power=None``: 1, not
+    shown) and :func:`polynomial_schedule`; constant at ``init`` for ``transition_steps <= 0``
+    (optax's rule)."""
+    start, stop = ("init", "end") if power is None else ("init_value", "end_value")
+    args: dict[str, Any] = {start: check_real(init, start), stop: check_real(end, stop)}
+    if power is not None:
+        args["power"] = check_real(power, "power")
+    args["transition_steps"] = steps = check_int(transition_steps, "transition_steps")
+    args["transition_begin"] = begin = check_int(transition_begin, "transition_begin", low=0)
+    text = call_repr(name, args)
+    if steps <= 0:
+        return NamedSchedule(_constant(args[start]), text)
+    exponent = 1.0 if power is None else args["power"]
+    return NamedSchedule(_polynomial(args[start], args[stop], exponent, steps, begin), text)
 
 
 def linear_schedule(
@@ -135,22 +168,51 @@ def linear_schedule(
     References:
         DeepMind optax ``linear_schedule`` and ``polynomial_schedule`` (``power=1``).
     """
-    init = check_real(init, "init")
-    end = check_real(end, "end")
-    steps = check_int(transition_steps, "transition_steps")
-    begin = check_int(transition_begin, "transition_begin", low=0)
-    text = describe(
-        "linear_schedule",
-        {"init": init, "end": end, "transition_steps": steps, "transition_begin": begin},
+    return _transition("linear_schedule", init, end, None, transition_steps, transition_begin)
+
+
+def polynomial_schedule(
+    init_value: float,
+    end_value: float,
+    power: float,
+    transition_steps: int,
+    *,
+    transition_begin: int = 0,
+) -> Schedule:
+    """A polynomial transition of power ``power`` from ``init_value`` to ``end_value``.
+
+    ``(I - E) * (1 - clip(t - B, 0, T) / T) ** power + E``, optax's definition (in float64):
+    ``I`` up to step ``B = transition_begin``, ``E`` from step ``B + T`` on; ``power=1`` is
+    :func:`linear_schedule`, ``power=2`` decays fast first, ``power=0.5`` slowly first. With
+    ``transition_steps <= 0`` the schedule is constant at ``init_value`` (optax's rule).
+
+    Args:
+        init_value: ``I``, the value up to ``transition_begin``.
+        end_value: ``E``, the value from ``transition_begin + transition_steps`` on.
+        power: the power of the transition, a finite float.
+        transition_steps: ``T``, the length of the transition, in steps.
+        transition_begin: ``B``, steps at ``init_value`` before the transition, ``>= 0``.
+
+    Returns:
+        A :data:`Schedule` with a readable repr, as :func:`linear_schedule`.
+
+    Raises:
+        TypeError: as :func:`linear_schedule`, and for a non-number ``power``.
+        ValueError: as :func:`linear_schedule` (a negative ``transition_begin`` too, where
+            optax takes 0), and for a non-finite ``power``.
+
+    Example:
+        >>> from sbfunc import optim
+        >>> s = optim.polynomial_schedule(1.0, 0.01, 2, 100, transition_begin=5)
+        >>> [round(s(t).item(), 4) for t in (0, 5, 6, 104, 105, 110)]
+        [1.0, 1.0, 0.9803, 0.0101, 0.01, 0.01]
+
+    References:
+        DeepMind optax ``polynomial_schedule``; TensorFlow ``PolynomialDecay``.
+    """
+    return _transition(
+        "polynomial_schedule", init_value, end_value, power, transition_steps, transition_begin
     )
-    if steps <= 0:
-        return NamedSchedule(_constant(init), text)
-
-    def fn(count: torch.Tensor) -> torch.Tensor:
-        t = (_steps(count) - begin).clamp(0, steps)
-        return (init - end) * (1 - t / steps) + end
-
-    return NamedSchedule(fn, text)
 
 
 def _cosine(
@@ -199,7 +261,7 @@ def cosine_decay_schedule(
     steps = check_int(decay_steps, "decay_steps", low=1)
     alpha = check_real(alpha, "alpha")
     exponent = check_real(exponent, "exponent")
-    text = describe(
+    text = call_repr(
         "cosine_decay_schedule",
         {"init": init, "decay_steps": steps, "alpha": alpha, "exponent": exponent},
     )
@@ -264,7 +326,7 @@ def exponential_decay(
             return value
         return value.clamp(min=bound) if rate < 1 else value.clamp(max=bound)
 
-    text = describe(
+    text = call_repr(
         "exponential_decay",
         {
             "init": init,
@@ -326,7 +388,7 @@ def piecewise_constant_schedule(
             value = torch.where(count >= boundary, value * scale, value)
         return value
 
-    text = describe(
+    text = call_repr(
         "piecewise_constant_schedule", {"init": init, "boundaries_and_scales": dict(pairs)}
     )
     return NamedSchedule(fn, text)

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from sbfunc.optim._base import GradientTransformation, is_zero, optimizer_of
-from sbfunc.optim._checks import check_real_or_schedule, describe
+from sbfunc.optim._checks import (
+    call_repr,
+    check_dtype,
+    check_real_or_schedule,
+    learning_rate_of,
+)
 from sbfunc.optim._moments import check_momentum, trace
 from sbfunc.optim._transforms import (
     HParam,
@@ -21,15 +28,20 @@ from sbfunc.validation import check_bool
 __all__ = ["decoupled_sgdw", "sgd"]
 
 
-def _check_sgd(
-    lr: Any, momentum: Any, dampening: Any, nesterov: Any, weight_decay: Any, maximize: Any
-) -> dict[str, Any]:
-    return {
-        "lr": check_real_or_schedule(lr, "lr"),
-        **check_momentum(momentum, dampening, nesterov),
-        "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
-        "maximize": check_bool(maximize, "maximize"),
+def _check_sgd(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The checked arguments of an SGD optimizer (``given``: its ``locals()``), in the order of
+    its repr; ``accumulator_dtype`` only when set."""
+    lr = learning_rate_of(name, given["lr"], given["learning_rate"])
+    args = {
+        "lr": check_real_or_schedule(lr, "lr" if given["lr"] is not None else "learning_rate"),
+        **check_momentum(given["momentum"], given["dampening"], given["nesterov"]),
+        "weight_decay": check_real_or_schedule(given["weight_decay"], "weight_decay"),
+        "maximize": check_bool(given["maximize"], "maximize"),
     }
+    kept = check_dtype(given["accumulator_dtype"], "accumulator_dtype")
+    if kept is not None:
+        args["accumulator_dtype"] = kept
+    return args
 
 
 def _head(args: dict[str, Any], *, l2: bool) -> list[GradientTransformation]:
@@ -38,20 +50,26 @@ def _head(args: dict[str, Any], *, l2: bool) -> list[GradientTransformation]:
     if l2 and not is_zero(args["weight_decay"]):
         parts.append(add_decayed_weights(args["weight_decay"]))
     if args["momentum"] != 0:
-        parts.append(
-            trace(args["momentum"], dampening=args["dampening"], nesterov=args["nesterov"])
+        momentum = trace(
+            args["momentum"],
+            dampening=args["dampening"],
+            nesterov=args["nesterov"],
+            accumulator_dtype=args.get("accumulator_dtype"),
         )
+        parts.append(momentum)
     return parts
 
 
 def sgd(
-    lr: HParam,
+    lr: HParam | None = None,
     *,
+    learning_rate: HParam | None = None,
     momentum: float = 0.0,
     dampening: float = 0.0,
     nesterov: bool = False,
     weight_decay: HParam = 0.0,
     maximize: bool = False,
+    accumulator_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """Stochastic gradient descent with momentum, as ``torch.optim.SGD``.
 
@@ -70,11 +88,14 @@ def sgd(
         lr: the learning rate, ``>= 0`` (as torch.optim and optax: 0 updates by zeros), or a
             schedule (``count -> 0-d tensor``, evaluated inside ``update`` on the steps taken
             so far, like ``torch.optim.lr_scheduler``).
+        learning_rate: ``lr`` in optax's spelling; give one of the two.
         momentum: the momentum factor, ``>= 0``.
         dampening: the dampening of the momentum, in ``[0, 1]``.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
         weight_decay: the L2 penalty added to the gradient, ``>= 0``, or a schedule.
         maximize: maximize the objective instead of minimizing it.
+        accumulator_dtype: ``None`` (the parameters' dtype) or the floating dtype the momentum
+            buffers are kept in, optax's (see :func:`trace`).
 
     Returns:
         A :class:`GradientTransformation`: the :func:`chain` of ``scale(-1.0)`` (when
@@ -83,7 +104,8 @@ def sgd(
         state is the tuple of theirs (a single part's state alone).
 
     Raises:
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type, or both or neither of ``lr`` and
+            ``learning_rate``.
         ValueError: for out-of-range values or Nesterov without momentum or with dampening.
 
     Example:
@@ -102,20 +124,22 @@ def sgd(
         Sutskever et al. 2013, "On the importance of initialization and momentum in deep
         learning"; DeepMind optax ``sgd``.
     """
-    args = _check_sgd(lr, momentum, dampening, nesterov, weight_decay, maximize)
+    args = _check_sgd("sgd", locals())
     parts = [*_head(args, l2=True), scale_by_learning_rate(args["lr"])]
-    return optimizer_of(describe("sgd", args), parts)
+    return optimizer_of(call_repr("sgd", args), parts)
 
 
 def decoupled_sgdw(
-    lr: HParam,
+    lr: HParam | None = None,
     *,
+    learning_rate: HParam | None = None,
     momentum: float = 0.0,
     dampening: float = 0.0,
     nesterov: bool = False,
     weight_decay: HParam = 0.0,
     maximize: bool = False,
     initial_lr: float | None = None,
+    accumulator_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """SGD with weight decay decoupled from the gradient, as Composer's ``DecoupledSGDW``.
 
@@ -130,6 +154,7 @@ def decoupled_sgdw(
 
     Args:
         lr: the learning rate, ``>= 0``, or a schedule (0 needs ``initial_lr``).
+        learning_rate: ``lr`` in optax's spelling; give one of the two.
         momentum: the momentum factor, ``>= 0``.
         dampening: the dampening of the momentum, in ``[0, 1]``.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
@@ -138,13 +163,15 @@ def decoupled_sgdw(
         maximize: maximize the objective (an sbfunc extension; Composer has none).
         initial_lr: Composer's base learning rate, ``> 0``; defaults to ``lr`` (a float) or
             the schedule's value at step 0 (give it, e.g. the peak, for a warm-up from 0).
+        accumulator_dtype: as in :func:`sgd`.
 
     Returns:
         A :class:`GradientTransformation`: as :func:`sgd` without the L2 term, then
         :func:`decoupled_weight_decay` (when ``weight_decay`` is not 0).
 
     Raises:
-        TypeError: for arguments of the wrong type.
+        TypeError: for arguments of the wrong type, or both or neither of ``lr`` and
+            ``learning_rate``.
         ValueError: for out-of-range values, Nesterov without momentum or with dampening, or
             no positive ``initial_lr``.
 
@@ -160,10 +187,10 @@ def decoupled_sgdw(
         MosaicML Composer ``composer.optim.DecoupledSGDW``; Loshchilov and Hutter 2019,
         "Decoupled Weight Decay Regularization"; PyTorch ``torch.optim.SGD``.
     """
-    args = _check_sgd(lr, momentum, dampening, nesterov, weight_decay, maximize)
+    args = _check_sgd("decoupled_sgdw", locals())
     args["initial_lr"] = start = check_initial_lr(initial_lr, args["lr"])
     parts = [*_head(args, l2=False), scale_by_learning_rate(args["lr"])]
     if not is_zero(args["weight_decay"]):
         wd = args["weight_decay"]
         parts.append(decoupled_weight_decay(wd, learning_rate=args["lr"], initial_lr=start))
-    return optimizer_of(describe("decoupled_sgdw", args), parts)
+    return optimizer_of(call_repr("decoupled_sgdw", args), parts)

@@ -5,6 +5,7 @@ learning rate, and weight decay coupled and decoupled (clipping by the global no
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -22,6 +23,7 @@ from sbfunc.optim._base import (
     zero_count,
 )
 from sbfunc.optim._checks import check_real_or_schedule
+from sbfunc.optim._masking import Mask, masked
 from sbfunc.optim._schedules import value_at
 from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_real
@@ -106,24 +108,32 @@ class Stateless(TransformRecord):
 
 
 @dataclasses.dataclass(frozen=True, repr=False)
-class _Scale(Stateless):
-    step_size: float
+class _Scale(TransformRecord):
+    step_size: HParam
 
-    def apply(self, updates: Params) -> Params:
-        return by_group(lambda u: (times(u, self.step_size),), updates)[0]
+    def init(self, params: Params) -> Any:
+        return _count_state(self.step_size)(params)
+
+    def update(
+        self, updates: Params, state: Any, params: Params | None = None
+    ) -> tuple[Params, Any]:
+        factor = hyperparam_at(self.step_size, getattr(state, "count", None))  # type: ignore[arg-type]
+        return by_group(lambda u: (times(u, factor),), updates)[0], _next(state)
 
 
-def scale(step_size: float) -> GradientTransformation:
+def scale(step_size: HParam) -> GradientTransformation:
     """Multiply the updates by a constant, optax's ``scale``: ``u -> step_size * u``.
 
     Args:
-        step_size: the factor, a finite float (``-1.0`` maximizes instead of minimizing).
+        step_size: the factor, a finite float (``-1.0`` maximizes instead of minimizing), or a
+            schedule of the step count (what :func:`inject_hyperparams` passes).
 
     Returns:
-        A :class:`GradientTransformation` with state :class:`EmptyState`.
+        A :class:`GradientTransformation` with state :class:`EmptyState`
+        (:class:`ScaleByScheduleState` for a schedule).
 
     Raises:
-        TypeError: if ``step_size`` is not a float.
+        TypeError: if ``step_size`` is neither a float nor a callable.
         ValueError: if it is not finite.
 
     Example:
@@ -134,7 +144,7 @@ def scale(step_size: float) -> GradientTransformation:
     References:
         DeepMind optax ``scale``.
     """
-    step = check_real(step_size, "step_size", low=-float("inf"))
+    step = check_real_or_schedule(step_size, "step_size", low=-math.inf)
     return _Scale(name="scale", step_size=step).transformation()
 
 
@@ -209,22 +219,29 @@ class _AddDecayedWeights(TransformRecord):
         return by_group(lambda u, x: (_plus(u, x, wd),), updates, p)[0], _next(state)
 
 
-def add_decayed_weights(weight_decay: HParam) -> GradientTransformation:
+def add_decayed_weights(
+    weight_decay: HParam, *, mask: Mask | None = None
+) -> GradientTransformation:
     """Add ``weight_decay * params`` to the updates: L2 weight decay coupled to the gradient.
 
     ``u -> u + wd_t * p``, one fused foreach ``add`` as ``torch.optim.SGD``/``Adam`` add their
     L2 term; before a moment estimate (:func:`trace`, :func:`scale_by_adam`) the decay runs
-    through it, as in torch.
+    through it, as in torch. With ``mask``, only the selected parameters are decayed (the
+    usual no-decay group: biases and normalization weights), as ``masked(decay, mask)``.
 
     Args:
         weight_decay: ``>= 0``, or a schedule.
+        mask: ``None`` (decay every parameter), or ``{name: bool}`` / a function of the
+            parameters returning one (``True``: decayed), as in :func:`masked`.
 
     Returns:
         A :class:`GradientTransformation` with state :class:`ScaleByScheduleState` for a
-        schedule, else :class:`EmptyState`. ``update`` needs ``params``.
+        schedule, else :class:`EmptyState` (with ``mask``: :class:`MaskedState` around it).
+        ``update`` needs ``params``.
 
     Raises:
-        TypeError: if ``weight_decay`` is neither a float nor a callable.
+        TypeError: if ``weight_decay`` is neither a float nor a callable, or ``mask`` is
+            neither a mapping nor a callable.
         ValueError: if a float ``weight_decay`` is negative.
 
     Example:
@@ -232,12 +249,18 @@ def add_decayed_weights(weight_decay: HParam) -> GradientTransformation:
         >>> opt, params = optim.add_decayed_weights(0.1), {"w": torch.tensor([2.0])}
         >>> opt.update({"w": torch.tensor([1.0])}, opt.init(params), params)[0]
         {'w': tensor([1.2000])}
+        >>> params = {"w": torch.tensor([[2.0]]), "b": torch.tensor([2.0])}
+        >>> no_bias = optim.add_decayed_weights(0.1, mask={"w": True, "b": False})
+        >>> grads = {"w": torch.ones(1, 1), "b": torch.ones(1)}
+        >>> no_bias.update(grads, no_bias.init(params), params)[0]
+        {'w': tensor([[1.2000]]), 'b': tensor([1.])}
 
     References:
         DeepMind optax ``add_decayed_weights``; PyTorch ``torch.optim.SGD`` (``weight_decay``).
     """
     wd = check_real_or_schedule(weight_decay, "weight_decay")
-    return _AddDecayedWeights(name="add_decayed_weights", weight_decay=wd).transformation()
+    decay = _AddDecayedWeights(name="add_decayed_weights", weight_decay=wd).transformation()
+    return decay if mask is None else masked(decay, mask)
 
 
 @dataclasses.dataclass(frozen=True, repr=False)

@@ -1,7 +1,7 @@
 """Per-sample gradients, squared norms and moments of a per-sample loss, on a chosen subset.
 
 ``batch_grad``, ``batch_l2_grad``, ``sum_grad_squared`` and ``variance`` turn a
-:class:`~sbfunc.module.LossFn` into ``f(params, buffers, batch, *, subsampling, chunk_size)``
+:class:`~sbfunc.types.LossFn` into ``f(params, buffers, batch, *, subsampling, chunk_size)``
 (BackPACK's first-order extensions as pure functions, with sub-sampling for all four).
 
 Curvature on a subset: ``sqrt_ggn_exact`` and ``sqrt_ggn_mc`` (BackPACK's ``SqrtGGNExact`` /
@@ -12,17 +12,17 @@ with logits.
 """
 
 from sbfunc._namespace import api_dir
-from sbfunc.per_sample.eigen import GGNEigen, ggn_eigen
-from sbfunc.per_sample.fallback import VmapFallbackWarning
-from sbfunc.per_sample.ggn import (
+from sbfunc.per_sample._eigen import GGNEigen, ggn_eigen
+from sbfunc.per_sample._fallback import VmapFallbackWarning
+from sbfunc.per_sample._ggn import (
     batch_diag_ggn_exact,
     batch_diag_ggn_mc,
     diag_ggn_exact,
     diag_ggn_mc,
     ggn_vector_product,
 )
-from sbfunc.per_sample.sqrt_ggn import KeyedTransform, sqrt_ggn_exact, sqrt_ggn_mc
-from sbfunc.per_sample.transforms import (
+from sbfunc.per_sample._sqrt_ggn import KeyedTransform, sqrt_ggn_exact, sqrt_ggn_mc
+from sbfunc.per_sample._transforms import (
     PerSampleTransform,
     SquaredNorms,
     batch_grad,

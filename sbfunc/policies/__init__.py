@@ -1,12 +1,34 @@
 """Selection policies: pure ``(init, select)`` pairs over explicit state, the one selection
-type of sbfunc (see :mod:`sbfunc.policies.base` for the conventions, the weights and the
-non-finite rule included): the stateless fixed-count rules (:func:`rank_power`, :func:`top_k`,
-:func:`random_subset`, with :class:`EmptyState`), the stateful ones, and the refill queue.
+type of sbfunc. The stateless fixed-count rules (:func:`rank_power`, :func:`top_k`,
+:func:`random_subset`, with :class:`EmptyState`), the stateful ones, and each rule's maths
+beside it (:func:`rank_power_indices`, :func:`divbs_indices`; the last-layer gradient embedding
+:func:`last_layer_errors` and :func:`gradient_gram` that DivBS and Bayesian selection share).
+
+A *policy* is an optax-style pair of pure functions (``init``, ``select``) over an explicit
+state. ``select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0)`` returns a
+:class:`~sbfunc.select.Selection` of the rows to backpropagate and the next state; the input
+state is never modified.
+
+**Scores** are a 1-D tensor of real numbers; integer and bool scores (an integer loss, a 0/1
+error) are cast to the default float dtype, in one place (:func:`as_scores`), so every
+policy selects from them the same rows as from the same values as floats. A non-tensor raises
+``TypeError``, another shape ``ValueError``.
+
+**Weights.** When a policy returns ``Selection.weights``, they are normalised for the estimator
+the training step uses, the *mean over the kept rows* ``(1/k) * sum_{j in S} w_j * L_j``: its
+expectation over the policy's randomness equals the full-batch mean ``(1/N) * sum_i L_i`` for
+any per-sample losses ``L``. With inclusion probabilities ``pi_i`` and ``k`` kept rows this is
+the Horvitz-Thompson estimator with ``w_j = k / (N * pi_j)`` (:func:`horvitz_thompson`).
+Policies that return ``weights=None`` (rank-power, top-k, Jiang, Loshchilov, RHO-LOSS) are
+biased on purpose: they focus the step on the selected rows.
+
+**Non-finite scores** rank below every finite score in every policy (see
+:mod:`sbfunc.select`): a row whose score is NaN or infinite is never kept while finite
+rows can fill the selection, and it is never recorded in a policy's state.
 """
 
-from sbfunc._namespace import api_dir
-from sbfunc.policies.apply import Pruned, apply_policy
-from sbfunc.policies.base import (
+from sbfunc._namespace import api_dir, moved_names
+from sbfunc.policies._base import (
     EmptyState,
     Policy,
     PolicyState,
@@ -14,26 +36,31 @@ from sbfunc.policies.base import (
     ScoreRows,
     SelectArgs,
     SelectPolicy,
+    as_scores,
     bernoulli_selection,
+    check_ids,
+    check_scores,
     horvitz_thompson,
     make_policy,
     stateless,
 )
-from sbfunc.policies.bayesian import BayesianState, bayesian
-from sbfunc.policies.diverse import divbs
-from sbfunc.policies.fixed_count import RhoState, random_subset, rank_power, rho_loss, top_k
-from sbfunc.policies.importance import (
+from sbfunc.policies._bayesian import BayesianState, bayesian
+from sbfunc.policies._divbs import divbs, divbs_indices
+from sbfunc.policies._importance import (
     ImportanceState,
     grad_norm_importance,
     logit_grad_norm,
     tau_threshold,
     variance_reduction,
 )
-from sbfunc.policies.infobatch import infobatch
-from sbfunc.policies.jiang import StaleState, jiang_cdf, stale_sb
-from sbfunc.policies.loshchilov import loshchilov
-from sbfunc.policies.queue import Queue, dequeue, empty_queue, enqueue, flush
-from sbfunc.policies.tables import LossHistory, LossTable
+from sbfunc.policies._infobatch import infobatch
+from sbfunc.policies._jiang import StaleState, jiang_cdf, stale_sb
+from sbfunc.policies._last_layer import gradient_gram, last_layer_errors
+from sbfunc.policies._loshchilov import loshchilov
+from sbfunc.policies._rank_power import rank_power, rank_power_indices, rank_power_log_weights
+from sbfunc.policies._rho_loss import RhoState, rho_loss
+from sbfunc.policies._tables import LossHistory, LossTable
+from sbfunc.policies._top_k import random_subset, top_k
 
 __all__ = [
     "BayesianState",
@@ -43,31 +70,32 @@ __all__ = [
     "LossTable",
     "Policy",
     "PolicyState",
-    "Pruned",
-    "Queue",
     "Record",
     "RhoState",
     "ScoreRows",
     "SelectArgs",
     "SelectPolicy",
     "StaleState",
-    "apply_policy",
+    "as_scores",
     "bayesian",
     "bernoulli_selection",
-    "dequeue",
+    "check_ids",
+    "check_scores",
     "divbs",
-    "empty_queue",
-    "enqueue",
-    "flush",
+    "divbs_indices",
     "grad_norm_importance",
+    "gradient_gram",
     "horvitz_thompson",
     "infobatch",
     "jiang_cdf",
+    "last_layer_errors",
     "logit_grad_norm",
     "loshchilov",
     "make_policy",
     "random_subset",
     "rank_power",
+    "rank_power_indices",
+    "rank_power_log_weights",
     "rho_loss",
     "stale_sb",
     "stateless",
@@ -76,5 +104,11 @@ __all__ = [
     "variance_reduction",
 ]
 
-
+__getattr__ = moved_names(
+    "sbfunc.policies",
+    (
+        "sbfunc.selective_backprop",
+        ("Pruned", "Queue", "apply_policy", "dequeue", "empty_queue", "enqueue", "flush"),
+    ),
+)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

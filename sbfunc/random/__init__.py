@@ -40,11 +40,11 @@ Example:
 """
 
 from sbfunc._namespace import api_dir
-from sbfunc.random.discrete import categorical, permutation, randint
-from sbfunc.random.gamma import beta, gamma
-from sbfunc.random.keyed_mode import KeyedMode, keyed
-from sbfunc.random.keys import Key, fold_in, is_key, key, split
-from sbfunc.random.sampling import bernoulli, bits, gumbel, gumbel_from_uniform, normal, uniform
+from sbfunc.random._discrete import categorical, permutation, randint
+from sbfunc.random._gamma import beta, gamma
+from sbfunc.random._keyed_mode import KeyedMode, keyed
+from sbfunc.random._keys import Key, check_key, fold_in, is_key, key, split
+from sbfunc.random._sampling import bernoulli, bits, gumbel, gumbel_from_uniform, normal, uniform
 
 __all__ = [
     "Key",
@@ -53,6 +53,7 @@ __all__ = [
     "beta",
     "bits",
     "categorical",
+    "check_key",
     "fold_in",
     "gamma",
     "gumbel",

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from sbfunc.random.keys import Key
-from sbfunc.random.sampling import bernoulli, normal, uniform
+from sbfunc.random._keys import Key
+from sbfunc.random._sampling import bernoulli, normal, uniform
 
 __all__ = [
     "FUNCTIONAL_DROPOUT",

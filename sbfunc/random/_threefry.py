@@ -18,6 +18,8 @@ from typing import Union
 
 import torch
 
+from sbfunc._tracing import host_readable
+
 __all__ = [
     "MASK",
     "Word",
@@ -25,7 +27,6 @@ __all__ = [
     "counters",
     "host_blocks",
     "host_key_words",
-    "host_words",
     "normalize_shape",
     "words",
 ]
@@ -103,7 +104,6 @@ def host_blocks(k0: int, k1: int, n: int) -> list[tuple[int, int]]:
     about two blocks instead of ``n``.
 
     Example:
-        >>> from sbfunc.random._threefry import block, host_blocks
         >>> host_blocks(0, 42, 2) == [block(0, 42, 0, 0), block(0, 42, 0, 1)]
         True
     """
@@ -138,32 +138,16 @@ def _lanes(packed: int, size: int) -> array.array[int]:
     return out
 
 
-def host_words(t: torch.Tensor) -> bool:
-    """Whether the words of the CPU tensor ``t`` may be read as Python ints right now.
-
-    True in plain eager code only: not while torch.compile (or export) traces, not under a
-    torch.func transform (``t`` may be a wrapped tensor) nor a jit trace, never for a tensor
-    subclass (fake, functional, ...) or a tensor on an accelerator (reading it would sync).
-    """
-    return (
-        type(t) is torch.Tensor
-        and t.is_cpu  # (cheaper than t.device.type: it makes no device object)
-        and not torch.compiler.is_compiling()
-        and not torch._C._is_tracing()  # torch.jit.is_tracing() outside TorchScript
-        and torch._C._functorch.peek_interpreter_stack() is None
-    )
-
-
 def host_key_words(k: torch.Tensor) -> tuple[int, int]:
-    """The two words of key ``k`` as Python ints (the caller checked :func:`host_words`)."""
+    """The two words of key ``k`` as Python ints (the caller checked :func:`host_readable`)."""
     w0, w1 = k.tolist()
     return w0 & MASK, w1 & MASK
 
 
 def words(k: torch.Tensor, device: torch.device | None = None) -> tuple[Word, Word]:
-    """The two words of key ``k``: Python ints when :func:`host_words`, else int64 tensors on
+    """The two words of key ``k``: Python ints when :func:`host_readable`, else int64 tensors on
     ``device`` (default: the key's device)."""
-    if host_words(k):
+    if host_readable(k):
         return host_key_words(k)
     if device is not None and k.device != device:
         k = k.to(device)

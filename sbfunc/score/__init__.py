@@ -3,10 +3,22 @@ the per-row signals some policies read besides (:class:`Signals`: logits, penult
 features, targets), and Selective Backprop's scoring options (:class:`Scoring`)."""
 
 from sbfunc._namespace import api_dir
-from sbfunc.score.downsample import check_downsampled_scoring, downsample, downsample_batch
-from sbfunc.score.losses import score_losses
-from sbfunc.score.options import Scoring
-from sbfunc.score.signals import SIGNALS, Signals, SignalScorer, score_signals
+from sbfunc.score._downsample import (
+    check_downsampled_scoring,
+    check_scale_factor,
+    downsample,
+    downsample_batch,
+)
+from sbfunc.score._losses import score_losses
+from sbfunc.score._options import Scoring, check_scoring
+from sbfunc.score._signals import (
+    SIGNALS,
+    Signals,
+    SignalScorer,
+    check_needs,
+    check_signals,
+    score_signals,
+)
 
 __all__ = [
     "SIGNALS",
@@ -14,6 +26,10 @@ __all__ = [
     "SignalScorer",
     "Signals",
     "check_downsampled_scoring",
+    "check_needs",
+    "check_scale_factor",
+    "check_scoring",
+    "check_signals",
     "downsample",
     "downsample_batch",
     "score_losses",

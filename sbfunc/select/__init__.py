@@ -1,22 +1,51 @@
-"""Select: the selection type, the kept count, ranks and the sampling maths the policies of
-:mod:`sbfunc.policies` are built from (with explicit randomness)."""
+"""Select: the selection type, the kept count, ranks and the sampling building blocks the
+policies of :mod:`sbfunc.policies` are built from (with explicit randomness).
 
-from sbfunc._namespace import api_dir
-from sbfunc.select.base import Selection, kept_count, nonfinite_lowest, ranks
-from sbfunc.select.diverse import divbs_indices, gradient_gram, last_layer_errors
-from sbfunc.select.samplers import gumbel_top_k, rank_power_log_weights
+Every draw follows one non-finite rule: rows with a non-finite score come after every finite
+one (:func:`nonfinite_lowest`), in a random order, so they are kept only to fill a fixed count.
+Each rule's own maths (rank-power weights, DivBS's greedy, ...) lives beside its policy.
+"""
+
+from sbfunc._namespace import api_dir, moved_names
+from sbfunc.select._base import (
+    Selection,
+    ascending_lowest,
+    ascending_order,
+    check_keep,
+    finite_split,
+    kept_count,
+    nonfinite_lowest,
+    ranks,
+)
+from sbfunc.select._samplers import (
+    gumbel_top_k,
+    perturbed,
+    random_indices,
+    sorted_unique,
+    top_k_indices,
+)
 
 __all__ = [
     "Selection",
-    "divbs_indices",
-    "gradient_gram",
+    "ascending_lowest",
+    "ascending_order",
+    "check_keep",
+    "finite_split",
     "gumbel_top_k",
     "kept_count",
-    "last_layer_errors",
     "nonfinite_lowest",
-    "rank_power_log_weights",
+    "perturbed",
+    "random_indices",
     "ranks",
+    "sorted_unique",
+    "top_k_indices",
 ]
 
-
+__getattr__ = moved_names(
+    "sbfunc.select",
+    (
+        "sbfunc.policies",
+        ("divbs_indices", "gradient_gram", "last_layer_errors", "rank_power_log_weights"),
+    ),
+)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

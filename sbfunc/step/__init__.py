@@ -1,19 +1,29 @@
-"""Step: the pure training step and the loop helper."""
+"""Step: the pure training step, its metrics, evaluation and the loop helper ``fit``.
 
+:func:`make_train_step` builds a :class:`TrainStep`, ``step(state, batch) -> (state,
+metrics)``; :func:`fit` runs it over a dataset with Composer's epoch, evaluation and checkpoint
+events. :class:`Replicas` is how a step combines with other processes (one process:
+:data:`ONE_PROCESS`; data-parallel: :class:`sbfunc.distributed.DataParallel`).
+"""
+
+from sbfunc._gradients import weighted_mean
 from sbfunc._namespace import api_dir
-from sbfunc.step.build import make_train_step
-from sbfunc.step.evaluation import Evaluation, evaluate
-from sbfunc.step.gradients import weighted_mean
-from sbfunc.step.loop import Duration, FitResult, fit
-from sbfunc.step.sequence import NonFiniteRowsWarning
-from sbfunc.step.train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
+from sbfunc.step._build import make_train_step
+from sbfunc.step._evaluation import Evaluation, evaluate
+from sbfunc.step._guard import NonFinite
+from sbfunc.step._loop import FitResult, fit
+from sbfunc.step._replicas import ONE_PROCESS, Replicas
+from sbfunc.step._sequence import NonFiniteRowsWarning
+from sbfunc.step._train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
 
 __all__ = [
     "BATCH_EVENTS",
-    "Duration",
+    "ONE_PROCESS",
     "Evaluation",
     "FitResult",
+    "NonFinite",
     "NonFiniteRowsWarning",
+    "Replicas",
     "StepMetrics",
     "StepPlan",
     "TrainStep",

@@ -11,7 +11,7 @@ Example:
     >>> from hypothesis import given, settings
     >>> from sbfunc.testing import algorithm_lists, events
     >>> def interpolation_last(algorithms, event):
-    ...     return sbfunc.passes.sort_to_back(algorithms, lambda a: a.interpolate_loss)
+    ...     return sbfunc.engine.sort_to_back(algorithms, lambda a: a.interpolate_loss)
     >>> @settings(max_examples=25, derandomize=True, database=None)
     ... @given(algorithm_lists(), events())
     ... def test_permutation(algs, event):
@@ -30,9 +30,8 @@ except ImportError as err:  # pragma: no cover - depends on the environment
         "sbfunc.testing needs hypothesis: pip install hypothesis (or pip install 'sbfunc[test]')"
     ) from err
 
-import sbfunc.passes  # noqa: F401  (the example above uses sbfunc.passes)
 from sbfunc._namespace import api_dir
-from sbfunc.testing.strategies import (
+from sbfunc.testing._strategies import (
     CLASSES,
     FEATURES,
     algorithm_lists,
@@ -43,7 +42,7 @@ from sbfunc.testing.strategies import (
     states,
     train_states,
 )
-from sbfunc.testing.toy import Toy, applied
+from sbfunc.testing._toy import Toy, applied
 
 __all__ = [
     "CLASSES",

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.alibi import (
+from sbfunc.algorithms._alibi import (
     Alibi,
     AlibiMultiheadAttention,
     ZeroEmbedding,
@@ -144,7 +144,7 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
     )
     train = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(
-        train, sbfunc.optim.sgd(0.1), [sb, alibi], sbfunc.passes.DEFAULT_PASSES
+        train, sbfunc.optim.sgd(0.1), [sb, alibi], sbfunc.engine.DEFAULT_PASSES
     )
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
     ids = torch.randint(0, 20, (4, 8))

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.augmentations import (
+from sbfunc.algorithms._image_ops import (
     _GEOMETRIC,
     _PRIMITIVES,
     ImageAugmentation,

@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.augmentations import _autocontrast, augmentation_sets
-from sbfunc.algorithms.augmix import AugMix, augmix_image
+from sbfunc.algorithms import AugMix, augmix_image
+from sbfunc.algorithms._image_ops import _autocontrast, augmentation_sets
 
 common = settings(max_examples=12, deadline=None, derandomize=True, database=None)
 LEVEL_DRIVEN = tuple(

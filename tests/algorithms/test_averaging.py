@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.averaging import EMA, SWA, AveragedState
+from sbfunc.algorithms import EMA, SWA, AveragedState
 
 common = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 E = sbfunc.Event

@@ -7,12 +7,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.blurpool import (
-    BlurConv2d,
-    BlurMaxPool2d,
-    BlurPool,
-    apply_blurpool,
-)
+from sbfunc.algorithms import BlurConv2d, BlurMaxPool2d, BlurPool, apply_blurpool
 from sbfunc.testing import events
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)

@@ -5,7 +5,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.channels_last import (
+from sbfunc.algorithms._channels_last import (
     ChannelsLast,
     apply_channels_last,
     channels_last_tensors,

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.cutmix import CutMix, cutmix_batch
+from sbfunc.algorithms import CutMix, cutmix_batch
 
 common = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 

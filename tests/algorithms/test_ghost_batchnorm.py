@@ -6,11 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.ghost_batchnorm import (
-    GhostBatchNorm,
-    GhostBatchNorm2d,
-    apply_ghost_batchnorm,
-)
+from sbfunc.algorithms import GhostBatchNorm, GhostBatchNorm2d, apply_ghost_batchnorm
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

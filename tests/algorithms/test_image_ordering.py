@@ -18,12 +18,8 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.augmix import AugMix
-from sbfunc.algorithms.colout import ColOut
-from sbfunc.algorithms.cutmix import CutMix
-from sbfunc.algorithms.randaugment import RandAugment
-from sbfunc.algorithms.resizing import ProgressiveResizing
-from sbfunc.engine.ordering import DEFAULT_PASSES
+from sbfunc.algorithms import AugMix, ColOut, CutMix, ProgressiveResizing, RandAugment
+from sbfunc.engine import DEFAULT_PASSES
 from sbfunc.testing import algorithm_lists
 
 N, H = 8, 16

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.layer_freezing import (
+from sbfunc.algorithms._layer_freezing import (
     LayerFreezing,
     freezable_layers,
     freeze_depth,

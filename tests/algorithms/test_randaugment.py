@@ -5,8 +5,8 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.augmentations import _autocontrast, augment_once, augmentation_sets
-from sbfunc.algorithms.randaugment import RandAugment, randaugment_image
+from sbfunc.algorithms import RandAugment, randaugment_image
+from sbfunc.algorithms._image_ops import _autocontrast, augment_once, augmentation_sets
 
 common = settings(max_examples=15, deadline=None, derandomize=True, database=None)
 LEVEL_DRIVEN = tuple(

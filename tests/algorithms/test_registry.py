@@ -146,7 +146,7 @@ CASES = {
         optimizer=sbfunc.optim.sgd(
             A.scale_schedule(sbfunc.optim.cosine_decay_schedule(0.1, 12), 0.5)
         ),
-        epochs=A.scale_schedule(sbfunc.step.Duration(epochs=4), 0.5).epochs,
+        epochs=A.scale_schedule(sbfunc.engine.Duration(epochs=4), 0.5).epochs,
     ),
     "Selective Backprop": Case("image"),  # alone with itself
     "Sequence Length Warmup": Case(
@@ -197,7 +197,7 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
         fresh,
         data,
         checkpoint=tmp_path / "s{step}.pt",
-        save_every=sbfunc.step.Duration(steps=2),
+        save_every=sbfunc.engine.Duration(steps=2),
         **run,
     )  # fmt: skip
     t = whole.state.time

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.resizing import ProgressiveResizing, resize_batch
+from sbfunc.algorithms import ProgressiveResizing, resize_batch
 
 common = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.sam import SAM, sam_gradients
+from sbfunc.algorithms import SAM, sam_gradients
 
 common = settings(max_examples=20, deadline=None, derandomize=True, database=None)
 E = sbfunc.Event

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import optim
-from sbfunc.algorithms.scale_schedule import scale_schedule
+from sbfunc.algorithms import scale_schedule
 
 common = settings(max_examples=40, deadline=None, derandomize=True, database=None)
 ratios = st.sampled_from([0.25, 0.5, 0.8, 1.0, 1.5, 2.0])
@@ -15,8 +15,8 @@ ratios = st.sampled_from([0.25, 0.5, 0.8, 1.0, 1.5, 2.0])
 @given(st.integers(1, 100), ratios)
 def test_durations_scale_like_composer(value, ratio):
     for duration, field in (
-        (sbfunc.step.Duration(epochs=value), "epochs"),
-        (sbfunc.step.Duration(steps=value), "steps"),
+        (sbfunc.engine.Duration(epochs=value), "epochs"),
+        (sbfunc.engine.Duration(steps=value), "steps"),
     ):
         if int(value * ratio) < 1:
             with pytest.raises(ValueError, match="reduced"):
@@ -54,10 +54,10 @@ def test_a_shorter_schedule_reaches_its_milestones_sooner():
 
 def test_errors():
     with pytest.raises(ValueError, match="ratio"):
-        scale_schedule(sbfunc.step.Duration(epochs=2), 0.0)
+        scale_schedule(sbfunc.engine.Duration(epochs=2), 0.0)
     with pytest.raises(TypeError, match="ratio"):
-        scale_schedule(sbfunc.step.Duration(epochs=2), "half")
+        scale_schedule(sbfunc.engine.Duration(epochs=2), "half")
     with pytest.raises(TypeError, match="duration_or_schedule"):
         scale_schedule("10ep", 0.5)
     with pytest.raises(ValueError, match="epochs or steps"):
-        scale_schedule(sbfunc.step.Duration(), 0.5)
+        scale_schedule(sbfunc.engine.Duration(), 0.5)

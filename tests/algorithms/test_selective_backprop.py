@@ -10,7 +10,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.testing import strategies as sbst
+from sbfunc import testing as sbst
 
 common = settings(max_examples=30, deadline=None, derandomize=True, database=None)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.batch import ROWS
+from sbfunc.types import ROWS
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

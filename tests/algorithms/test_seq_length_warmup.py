@@ -6,12 +6,12 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.seq_length_warmup import (
+from sbfunc.algorithms._seq_length_warmup import (
     SeqLengthWarmup,
     set_batch_sequence_length,
     warmup_sequence_length,
 )
-from sbfunc.passes import DEFAULT_PASSES
+from sbfunc.engine import DEFAULT_PASSES
 from sbfunc.testing import algorithm_lists, events
 
 common = settings(max_examples=40, deadline=None, derandomize=True, database=None)
@@ -102,7 +102,7 @@ def test_algorithm_decides_on_the_host_and_truncates():
     assert warmup.match(E.AFTER_DATALOADER, long) == 16  # cut to max after the warm-up
 
 
-@pytest.mark.filterwarnings("ignore::sbfunc.passes.MultipleLossInterpolationWarning")
+@pytest.mark.filterwarnings("ignore::sbfunc.engine.MultipleLossInterpolationWarning")
 @common
 @given(algorithm_lists(), events(), st.integers(0, 3), st.randoms(use_true_random=False))
 def test_pass_puts_sequence_length_first_before_sample_selection(algs, event, k, rng):
@@ -110,7 +110,7 @@ def test_pass_puts_sequence_length_first_before_sample_selection(algs, event, k,
     for w in warmups:
         algs.insert(rng.randint(0, len(algs)), w)
     out = list(algs)
-    for p in sbfunc.passes.DEFAULT_PASSES:
+    for p in sbfunc.engine.DEFAULT_PASSES:
         out = p(out, event)
     default = [a for a in algs if not a.changes_sequence_length]
     for p in DEFAULT_PASSES:
@@ -149,7 +149,7 @@ def test_selective_backprop_scores_the_warmed_up_rows():
     )
     batch = _batch(8, 16)
     batch["label"] = batch["label"] % 3
-    sb_first = (sbfunc.passes.sort_selective_backprop_first,)  # SB before the warm-up
+    sb_first = (sbfunc.engine.sort_selective_backprop_first,)  # SB before the warm-up
     for passes, expected in ((DEFAULT_PASSES, (8, 4)), (sb_first, (8, 16))):
         seen.clear()
         step = sbfunc.make_train_step(train, sbfunc.optim.sgd(0.1), [warmup, sb], passes)

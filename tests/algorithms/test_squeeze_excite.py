@@ -7,11 +7,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms.squeeze_excite import (
-    SqueezeExcite,
-    SqueezeExciteConv2d,
-    apply_squeeze_excite,
-)
+from sbfunc.algorithms import SqueezeExcite, SqueezeExciteConv2d, apply_squeeze_excite
 
 common = settings(max_examples=20, deadline=None, derandomize=True, database=None)
 

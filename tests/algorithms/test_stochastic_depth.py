@@ -7,11 +7,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms.stochastic_depth import (
-    StochasticBranch,
-    StochasticDepth,
-    apply_stochastic_depth,
-)
+from sbfunc.algorithms import StochasticBranch, StochasticDepth, apply_stochastic_depth
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

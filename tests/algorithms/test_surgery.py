@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from sbfunc.algorithms.surgery import matching_modules, replace_modules, selector
+from sbfunc.algorithms._surgery import matching_modules, replace_modules, selector
 
 
 def _net():

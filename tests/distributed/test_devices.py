@@ -1,7 +1,7 @@
 """The data-parallel step on the ``meta`` device (tensors without data: a host read or a
 device mix raises there). ``meta`` has no process-group backend, so the world > 1 code paths
 run on :class:`_MirrorComm`: rank 0 of two whose peer holds the same tensors, its collectives
-answered in place by a stand-in for ``torch.distributed`` (``sbfunc.distributed.comm.dist``,
+answered in place by a stand-in for ``torch.distributed`` (``sbfunc.distributed._comm.dist``,
 patched for the test). The step, its all-reduce and the buffer sync read nothing; a selection
 wrapper that communicates reads the row counts, at the places docs/how-to/compile.md lists."""
 
@@ -17,8 +17,8 @@ from torch import nn
 import sbfunc
 from sbfunc import distributed as sbdist
 from sbfunc import random as sbrandom
-from sbfunc.distributed import comm as comm_module
-from sbfunc.distributed.scope import _Scope
+from sbfunc.distributed import _comm as comm_module
+from sbfunc.distributed._scope import _Scope
 from tests.meta import META, all_meta, empty, host_read, sbfunc_frames, sync_site, to_meta
 
 N, NUM_IDS = 16, 64
@@ -35,8 +35,8 @@ WRAPPERS = {  # a selection of the step's rows under data parallelism
     ),
 }
 COMMUNICATE = {"local_stateful", "local_rebalance", "global", "global_rebalance"}
-COUNTS_AT = ("distributed/scope.py", "_counts")  # every rank's row count, before the gather
-BOUNDS_AT = ("distributed/scope.py", "choose")  # where each rank's kept rows start (global)
+COUNTS_AT = ("distributed/_scope.py", "_counts")  # every rank's row count, before the gather
+BOUNDS_AT = ("distributed/_scope.py", "choose")  # where each rank's kept rows start (global)
 
 
 class _Done:
@@ -59,7 +59,7 @@ _MIRROR = types.SimpleNamespace(  # the collectives comm.py calls, for two equal
 
 
 class _MirrorComm(sbdist.Comm):
-    """Rank 0 of two equal ranks (with ``sbfunc.distributed.comm.dist`` patched)."""
+    """Rank 0 of two equal ranks (with ``sbfunc.distributed._comm.dist`` patched)."""
 
     def __init__(self) -> None:
         super().__init__(meter=sbdist.TrafficMeter())
@@ -147,5 +147,5 @@ def test_with_the_counts_known_only_a_global_selection_reads_again(comms, monkey
 def test_nonfinite_raise_reads_only_in_the_guard(comms, world):
     with host_read() as error:
         _run(comms[world](), "local", nonfinite="raise")
-    assert sync_site(error.value) == ("step/guard.py", "_raise_if_nonfinite")
-    assert ("step/train_step.py", "finish") in sbfunc_frames(error.value)
+    assert sync_site(error.value) == ("step/_guard.py", "_raise_if_nonfinite")
+    assert ("step/_train_step.py", "finish") in sbfunc_frames(error.value)

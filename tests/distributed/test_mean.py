@@ -7,7 +7,7 @@ import torch
 
 from sbfunc import optim
 from sbfunc.distributed import Comm
-from sbfunc.distributed.mean import _MeanAcrossRanks, mean_across_ranks
+from sbfunc.distributed._mean import _MeanAcrossRanks, mean_across_ranks
 from tests.helpers import assert_identical
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import distributed as sbdist
 from sbfunc import random as sbrandom
-from sbfunc.distributed.comm import nbytes
+from sbfunc.distributed._comm import nbytes
 from sbfunc.policies import EmptyState, Policy, SelectArgs, make_policy
 from sbfunc.score import Signals
 from sbfunc.select import Selection, kept_count

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import distributed as sbdist
-from sbfunc.distributed.comm import buckets
-from sbfunc.step.replicas import ONE_PROCESS
+from sbfunc.distributed._comm import buckets
+from sbfunc.step import ONE_PROCESS
 from tests.distributed import common
 
 
@@ -135,7 +135,7 @@ def test_a_wrapped_policy_of_one_process_selects_like_the_policy(wrap, rebalance
     inner_key = sbfunc.random.fold_in(key, 0) if wrap is sbdist.local_selection else key
     want, want_state = policy.select(scores, policy.init(), key=inner_key)
     batch = (torch.arange(12.0)[:, None], torch.arange(12))
-    out = sbfunc.policies.apply_policy(wrapped, wrapped.init(), batch, scores, key=key)
+    out = sbfunc.selective_backprop.apply_policy(wrapped, wrapped.init(), batch, scores, key=key)
     assert torch.equal(out.indices, want.indices) and torch.equal(out.batch[1], want.indices)
     assert torch.equal(out.state.values, want_state.values)
 
@@ -143,7 +143,7 @@ def test_a_wrapped_policy_of_one_process_selects_like_the_policy(wrap, rebalance
 def test_rebalancing_refuses_a_per_sample_spec():
     wrapped = sbdist.global_selection(sbfunc.policies.top_k(0.5), rebalance=True)
     with pytest.raises(ValueError, match="per_sample is not supported with rebalance"):
-        sbfunc.policies.apply_policy(
+        sbfunc.selective_backprop.apply_policy(
             wrapped, (), (torch.zeros(4, 2),), torch.rand(4), key=sbfunc.random.key(0),
             per_sample=(True,),
         )  # fmt: skip
@@ -167,7 +167,9 @@ def test_per_rank_draws_from_the_key_folded_with_the_rank():
 
 def test_rank_local_parts_split_off_and_join_back():
     x, y = common.data()
-    queue = sbfunc.policies.enqueue(sbfunc.policies.empty_queue((x[:2], y[:2])), (x[:3], y[:3]))
+    queue = sbfunc.selective_backprop.enqueue(
+        sbfunc.selective_backprop.empty_queue((x[:2], y[:2])), (x[:3], y[:3])
+    )
     state = sbfunc.TrainState(
         {"w": torch.ones(2)}, {}, common.KEY, algorithm_state=((None, queue), None),
         time=sbfunc.Time(step=5, samples_forwarded=30, samples_backpropagated=12),

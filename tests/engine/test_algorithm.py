@@ -2,8 +2,7 @@
 
 import pytest
 
-from sbfunc.engine import Algorithm, Event
-from sbfunc.engine.algorithm import FLAGS
+from sbfunc.engine import FLAGS, Algorithm, Event
 from sbfunc.testing import Toy
 
 

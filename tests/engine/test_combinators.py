@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc.engine import (
+    FLAGS,
     Event,
     Time,
     during,
@@ -17,7 +18,6 @@ from sbfunc.engine import (
     sequence,
     when,
 )
-from sbfunc.engine.algorithm import FLAGS
 from sbfunc.testing import Toy, algorithm_lists, algorithms, events, states
 from tests.engine.helpers import KeyLog, apply_if_matched, for_algorithms, logged_tags, same_keys
 

@@ -8,8 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc.engine import Algorithm, Event, Time, run_event
-from sbfunc.passes import DEFAULT_PASSES, MultipleLossInterpolationWarning
+from sbfunc.engine import (
+    DEFAULT_PASSES,
+    Algorithm,
+    Event,
+    MultipleLossInterpolationWarning,
+    Time,
+    run_event,
+)
 from sbfunc.testing import Toy, algorithm_lists, applied, events, states
 from tests.engine.helpers import KeyLog, for_algorithms, same_keys
 

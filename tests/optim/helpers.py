@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from sbfunc import optim
+from tests.helpers import assert_identical
 
 Params = dict[str, torch.Tensor]
 STEPS = 25
@@ -99,3 +100,23 @@ def as_complex(tree: Params, *, keep: str | None = None) -> Params:
         return v.flip(0) if v.dim() else -v
 
     return {k: v if k == keep else torch.complex(v, imaginary(v)) for k, v in tree.items()}
+
+
+def assert_steps_identical(
+    opt: optim.GradientTransformation,
+    ref: optim.GradientTransformation,
+    params: Params,
+    grads: list[Params],
+    *,
+    state_of: Callable[[Any], Any] | None = None,
+) -> None:
+    """``opt`` and ``ref`` run side by side over ``grads``: the parameters bit for bit after
+    every step, and so ``state_of(opt's state)`` and ``ref``'s state when given."""
+    p, s, p_ref, s_ref = params, opt.init(params), params, ref.init(params)
+    for g in grads:
+        u, s = opt.update(g, s, p)
+        u_ref, s_ref = ref.update(g, s_ref, p_ref)
+        p, p_ref = optim.apply_updates(p, u), optim.apply_updates(p_ref, u_ref)
+        assert_identical(p, p_ref)
+        if state_of is not None:
+            assert_identical(state_of(s), s_ref)

@@ -116,4 +116,4 @@ def test_the_curvature_of_every_loss_runs_on_meta(name, loss):
 def test_indices_on_the_device_are_read_once_for_the_range_check(name):
     with host_read() as error:
         _run(name, "ce", META, subsampling=empty(len(SUB), dtype=torch.int64))
-    assert sync_site(error.value) == ("per_sample/engine.py", "check_subsampling")
+    assert sync_site(error.value) == ("per_sample/_engine.py", "check_subsampling")

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc.per_sample import batch_grad
-from sbfunc.per_sample.engine import check_subsampling, check_wrt, resolve_wrt
+from sbfunc.per_sample._engine import check_subsampling, check_wrt, resolve_wrt
 from tests.per_sample.helpers import setup
 
 SETTINGS = settings(derandomize=True, max_examples=60, deadline=None)

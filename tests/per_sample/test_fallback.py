@@ -7,7 +7,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc.per_sample import VmapFallbackWarning, batch_grad, batch_l2_grad, variance
-from sbfunc.per_sample.fallback import loop_grads, vmap_grads
+from sbfunc.per_sample._fallback import loop_grads, vmap_grads
 from tests.per_sample import helpers
 from tests.per_sample.helpers import recurrent, setup
 

@@ -5,7 +5,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc.per_sample import batch_grad
-from sbfunc.per_sample.intercept import LayerRecorder
+from sbfunc.per_sample._intercept import LayerRecorder
 from tests.per_sample.helpers import loop_grads, setup
 
 

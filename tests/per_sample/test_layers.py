@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.per_sample.layers import conv_contraction, conv_layer, linear_contraction
+from sbfunc.per_sample._layers import conv_contraction, conv_layer, linear_contraction
 
 SETTINGS = settings(derandomize=True, max_examples=25, deadline=None)
 CONVS = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}

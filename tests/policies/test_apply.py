@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import random as sbrandom
 from sbfunc.distributed import local_selection
-from sbfunc.policies import apply_policy, infobatch, jiang_cdf, stale_sb
-from sbfunc.policies.apply import score_needed, unscorable_dropped
+from sbfunc.policies import infobatch, jiang_cdf, stale_sb
+from sbfunc.selective_backprop import apply_policy
+from sbfunc.selective_backprop._apply import score_needed, unscorable_dropped
 
 
 def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():
@@ -109,7 +110,7 @@ def test_a_policy_written_for_1_0_takes_no_signals_argument():
         return sbfunc.select.Selection(scores.argmax().reshape(1)), state
 
     policy = sbfunc.policies.Policy(lambda: (), select)
-    out = sbfunc.policies.apply_policy(
+    out = sbfunc.selective_backprop.apply_policy(
         policy, (), (torch.arange(3),), torch.tensor([0.0, 2.0, 1.0]), key=sbfunc.random.key(0)
     )
     assert out.indices.tolist() == [1]

@@ -6,8 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import EmptyState, bernoulli_selection, horvitz_thompson, make_policy
-from sbfunc.policies.base import as_scores, check_scores
+from sbfunc.policies import (
+    EmptyState,
+    as_scores,
+    bernoulli_selection,
+    check_scores,
+    horvitz_thompson,
+    make_policy,
+)
 from tests.policies.helpers import assert_mean_close, kept_counts, weighted_means
 
 probs = st.lists(st.floats(0.05, 1.0), min_size=1, max_size=12)

@@ -17,7 +17,7 @@ import sbfunc
 from sbfunc import checkpoint
 from sbfunc import random as sbrandom
 from sbfunc.policies import BayesianState, bayesian, divbs
-from sbfunc.policies.bayesian import _Config, _objective
+from sbfunc.policies._bayesian import _Config, _objective
 from sbfunc.score import Signals
 
 SETTINGS = settings(max_examples=10, deadline=None, derandomize=True, database=None)

@@ -16,15 +16,15 @@ SYNC_FREE = {"rank_power", "top_k", "random", "loshchilov", "rho_loss", "grad_no
 SYNC_FREE |= {"divbs", "bayesian", "bayesian_ref"}
 # variable-size selections: the one shape read, by file and function
 SYNCS_AT = {
-    "jiang": ("policies/base.py", "bernoulli_selection"),
-    "jiang_reweight": ("policies/base.py", "bernoulli_selection"),
-    "stale_sb": ("policies/base.py", "bernoulli_selection"),
-    "infobatch": ("policies/base.py", "bernoulli_selection"),
-    "grad_norm": ("policies/importance.py", "rule"),
-    "grad_norm_always": ("policies/importance.py", "rule"),
+    "jiang": ("policies/_base.py", "bernoulli_selection"),
+    "jiang_reweight": ("policies/_base.py", "bernoulli_selection"),
+    "stale_sb": ("policies/_base.py", "bernoulli_selection"),
+    "infobatch": ("policies/_base.py", "bernoulli_selection"),
+    "grad_norm": ("policies/_importance.py", "rule"),
+    "grad_norm_always": ("policies/_importance.py", "rule"),
 }
 # inside Selective Backprop, loss reuse scores a data-dependent subset of rows
-REUSE_SYNCS_AT = ("policies/apply.py", "score_needed")
+REUSE_SYNCS_AT = ("selective_backprop/_apply.py", "score_needed")
 
 
 def _select_twice(name):

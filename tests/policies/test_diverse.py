@@ -1,4 +1,4 @@
-"""The DivBS policy: the greedy of sbfunc.select.diverse on the signals' gradient Gram matrix,
+"""The DivBS policy: DivBS's greedy on the signals' gradient Gram matrix,
 one row of each cluster, non-finite scores last."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import divbs
+from sbfunc.policies import divbs, divbs_indices, gradient_gram, last_layer_errors
 from sbfunc.score import Signals
-from sbfunc.select import divbs_indices, gradient_gram, kept_count, last_layer_errors
+from sbfunc.select import kept_count
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

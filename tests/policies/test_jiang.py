@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
 from sbfunc.policies import jiang_cdf, stale_sb
-from sbfunc.policies.jiang import needs_scoring
+from sbfunc.policies._jiang import needs_scoring
 from tests.policies.helpers import assert_mean_close, draws, kept_counts, weighted_means
 
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc.policies import Queue, dequeue, empty_queue, enqueue, flush
+from sbfunc.selective_backprop import Queue, dequeue, empty_queue, enqueue, flush
 
 Pair = namedtuple("Pair", ["x", "meta"])
 

@@ -158,7 +158,7 @@ int_batches = st.integers(1, 24).flatmap(
 @given(steps=st.lists(int_batches, min_size=1, max_size=3), seed=st.integers(0, 2**16))
 def test_integer_scores_select_the_rows_of_the_same_scores_as_floats(name, dtype, steps, seed):
     # Composer's test scores with an int64 fake loss; every policy casts in one place
-    # (sbfunc.policies.base.as_scores) to the default float dtype.
+    # (sbfunc.policies._base.as_scores) to the default float dtype.
     if dtype == torch.bool:
         steps = [([v % 2 for v in losses], ids) for losses, ids in steps]
     policy = POLICIES[name]()

@@ -2,7 +2,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.policies.tables import (
+from sbfunc.policies._tables import (
     history_cdf,
     history_init,
     history_push,

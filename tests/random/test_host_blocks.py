@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.random import _threefry, sampling
+from sbfunc.random import _sampling as sampling
+from sbfunc.random import _threefry
 from tests.random.helpers import SETTINGS
 
 words = st.integers(0, 2**32 - 1)
@@ -39,7 +40,7 @@ def test_the_packed_counters_memo_is_bounded():
 @pytest.fixture
 def tensor_cipher(monkeypatch):
     """Small draws on the vectorised tensor cipher, as under torch.compile."""
-    monkeypatch.setattr(sampling, "host_words", lambda t: False)
+    monkeypatch.setattr(sampling, "host_readable", lambda t: False)
 
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
@@ -50,7 +51,7 @@ def test_small_draws_equal_the_tensor_path(n, monkeypatch):
     key = sbrandom.fold_in(sbrandom.key(11), n)
     host = [sbrandom.bits(key, (n,))] + [sbrandom.uniform(key, (n,), dtype=d) for d in DTYPES]
     host.append(sbrandom.bits(key, (1, n)))
-    monkeypatch.setattr(sampling, "host_words", lambda t: False)
+    monkeypatch.setattr(sampling, "host_readable", lambda t: False)
     tensor = [sbrandom.bits(key, (n,))] + [sbrandom.uniform(key, (n,), dtype=d) for d in DTYPES]
     tensor.append(sbrandom.bits(key, (1, n)))
     for a, b in zip(host, tensor, strict=True):

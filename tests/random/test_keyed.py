@@ -184,7 +184,7 @@ def test_transformer_layer_is_reproducible_including_attention_dropout():
 
 
 def test_attention_dropout_out_of_reach_raises_instead_of_drawing_unkeyed(monkeypatch):
-    from sbfunc.random import keyed_mode
+    from sbfunc.random import _keyed_mode as keyed_mode
 
     monkeypatch.setattr(keyed_mode, "_REDISPATCH", None)  # torch < 2.13 (and Dynamo)
     mha, x = torch.nn.MultiheadAttention(8, 2, dropout=0.5), torch.randn(5, 8)

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.random.keys import check_key
+from sbfunc.random import check_key
 from tests.random.helpers import SETTINGS, tensor_path
 
 seeds = st.integers(-(2**70), 2**70)

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sbfunc
-from sbfunc.score.downsample import check_scale_factor
+from sbfunc.score import check_scale_factor
 
 
 def _setup():

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.policies import make_policy
+from sbfunc.policies import gradient_gram, last_layer_errors, make_policy
 from sbfunc.score import SIGNALS, Signals, SignalScorer, score_signals
-from sbfunc.score.signals import check_needs, check_signals, find_head
-from sbfunc.select import Selection, gradient_gram, last_layer_errors
+from sbfunc.score._signals import check_needs, check_signals, find_head
+from sbfunc.select import Selection
 from tests.meta import META, host_read, to_meta
 
 ALL = frozenset(SIGNALS)

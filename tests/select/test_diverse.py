@@ -1,5 +1,6 @@
-"""DivBS's greedy selection (:mod:`sbfunc.select.diverse`): against a reference on explicit
-gradient vectors, its invariants (clusters, duplicates, shapes, keys) and the meta device."""
+"""DivBS's greedy selection (``sbfunc.policies.divbs_indices``): against a reference on
+explicit gradient vectors, its invariants (clusters, duplicates, shapes, keys) and the meta
+device."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.select.diverse import divbs_indices, gradient_gram, last_layer_errors
+from sbfunc.policies import divbs_indices, gradient_gram, last_layer_errors
 from tests.meta import META, empty
 
 common = settings(max_examples=40, deadline=None, derandomize=True, database=None)

@@ -14,7 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.select import base, samplers
+from sbfunc._finite import finite_entries
+from sbfunc.policies import _rank_power as rank_power
+from sbfunc.select import _base as base
+from sbfunc.select import _samplers as samplers
 
 NAN, INF = float("nan"), float("inf")
 SETTINGS = settings(max_examples=30, derandomize=True, database=None, deadline=None)
@@ -33,7 +36,7 @@ def _reference_rank_power(s: torch.Tensor, keep: float, tie: torch.Tensor, u: to
     n, k = s.shape[0], base.kept_count(s.shape[0], keep)
     position = torch.arange(n)
     order = base.ascending_order(_isfinite_lowest(s), tie)
-    log_w = samplers.rank_power_log_weights(position, keep)
+    log_w = rank_power.rank_power_log_weights(position, keep)
     count = (~s.isfinite()).sum() if s.dtype.is_floating_point else 0
     log_w = torch.where(position < count, -torch.inf, log_w)
     g = sbrandom.gumbel_from_uniform(u)
@@ -59,8 +62,9 @@ def on_path(path: str) -> Iterator[None]:
     """The eager host path, or the path a device takes (no host read)."""
     with pytest.MonkeyPatch.context() as mp:
         if path == "device":
-            mp.setattr(base, "host_words", lambda t: False)
-            mp.setattr(samplers, "host_words", lambda t: False)
+            mp.setattr(base, "host_readable", lambda t: False)
+            mp.setattr(samplers, "host_readable", lambda t: False)
+            mp.setattr(rank_power, "host_readable", lambda t: False)
         yield
 
 
@@ -78,7 +82,7 @@ def test_rank_power_and_top_k_indices_equal_the_full_formulas(path, keep, dtype,
     masked = torch.where(s.isfinite(), u, u - 1.0)
     expected = torch.sort(torch.topk(masked, k, sorted=False).indices).values
     with on_path(path):
-        got = samplers.rank_power_indices(s, keep, tie, u)
+        got = rank_power.rank_power_indices(s, keep, tie, u)
         top, rand = samplers.top_k_indices(s, k, tie), samplers.random_indices(s, k, u)
     assert torch.equal(got, _reference_rank_power(s, keep, tie, u))
     assert torch.equal(top, _reference_top_k(s, k, tie))
@@ -90,9 +94,9 @@ def test_rank_power_and_top_k_indices_equal_the_full_formulas(path, keep, dtype,
 def test_finite_entries_is_isfinite(scores):
     for dtype in DTYPES:
         s = torch.tensor(scores).to(dtype)
-        assert torch.equal(base.finite_entries(s), s.isfinite())
+        assert torch.equal(finite_entries(s), s.isfinite())
     ints = torch.arange(len(scores))
-    assert torch.equal(base.finite_entries(ints), ints.isfinite())
+    assert torch.equal(finite_entries(ints), ints.isfinite())
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -124,7 +128,7 @@ def test_sorted_unique_sorts_eagerly_as_the_compiled_mask_does(indices):
 
 def test_the_log_weights_memo_is_bounded_and_equal_to_fresh_ones():
     for n in range(1, 60):
-        cached = samplers._host_log_weights(n, 0.5)
-        assert torch.equal(cached, samplers.rank_power_log_weights(torch.arange(n), 0.5))
-    info = samplers._host_log_weights.cache_info()
+        cached = rank_power._host_log_weights(n, 0.5)
+        assert torch.equal(cached, rank_power.rank_power_log_weights(torch.arange(n), 0.5))
+    info = rank_power._host_log_weights.cache_info()
     assert info.maxsize is not None and info.currsize <= info.maxsize

@@ -3,9 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.select import gumbel_top_k, kept_count
-from sbfunc.select.base import ascending_order
-from sbfunc.select.samplers import rank_power_indices
+from sbfunc.policies import rank_power_indices
+from sbfunc.select import ascending_order, gumbel_top_k, kept_count
 
 keep_st = st.floats(0.01, 1.0)
 common = settings(max_examples=60, deadline=None, derandomize=True, database=None)

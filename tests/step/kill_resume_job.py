@@ -50,7 +50,7 @@ def train(folder: str, every: int, slow_save_at: int | None = None) -> sbfunc.Tr
             progress=False,
             history=False,
             checkpoint=last,
-            save_every=sbfunc.step.Duration(steps=every),
+            save_every=sbfunc.engine.Duration(steps=every),
             load_from=last if os.path.exists(last) else None,
         ).state
     finally:

@@ -10,7 +10,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import sbfunc
-from sbfunc.step.compile import compile_options, drop_library_globals, library_global
+from sbfunc.step._compile import compile_options, drop_library_globals, library_global
 
 SCALE = 1.0  # read by the model below: a global of user code
 

@@ -16,7 +16,7 @@ from sbfunc import random as sbrandom
 from tests.meta import META, all_meta, empty, host_read, sbfunc_frames, sync_site, to_meta
 
 N, EPOCHS, STEPS_PER_EPOCH = 8, 2, 3
-GUARD_AT = ("step/guard.py", "_raise_if_nonfinite")
+GUARD_AT = ("step/_guard.py", "_raise_if_nonfinite")
 
 
 def _build(nonfinite="skip", sb=True, microbatch_size=None):
@@ -57,7 +57,7 @@ def test_nonfinite_raise_reads_only_in_the_guard_of_finish(sb, microbatch_size):
     with host_read() as error:
         step(state, _batch())
     assert sync_site(error.value) == GUARD_AT
-    assert ("step/train_step.py", "finish") in sbfunc_frames(error.value)
+    assert ("step/_train_step.py", "finish") in sbfunc_frames(error.value)
 
 
 class _Counted:
@@ -86,29 +86,29 @@ def _fit_until_read(nonfinite="skip", **kwargs):
 def test_fit_reads_nothing_until_the_end_of_the_call(nonfinite, progress):
     error, fetched = _fit_until_read(nonfinite, progress=progress, log_every=1000)
     assert fetched == EPOCHS * STEPS_PER_EPOCH  # every step ran
-    assert sync_site(error) == ("step/sequence.py", "check_rows")
-    assert ("step/loop.py", "_run") in sbfunc_frames(error)  # after the loop
+    assert sync_site(error) == ("step/_sequence.py", "check_rows")
+    assert ("step/_loop.py", "_run") in sbfunc_frames(error)  # after the loop
 
 
 def test_fit_reads_the_loss_every_log_every_steps_only():
     error, fetched = _fit_until_read(progress=True, log_every=4)
     assert fetched == 4
-    assert sync_site(error) == ("step/sequence.py", "step_fields")
+    assert sync_site(error) == ("step/_sequence.py", "step_fields")
 
 
 def test_fit_reads_each_evaluation_s_metrics_only():
     loss_fn = _build()[0]
 
     def metrics(params, buffers, batch):
-        return {"loss": sbfunc.module_eval.eval_outputs(loss_fn, params, buffers, batch).losses}
+        return {"loss": sbfunc.module._eval.eval_outputs(loss_fn, params, buffers, batch).losses}
 
-    every = sbfunc.step.Duration(steps=2)
+    every = sbfunc.engine.Duration(steps=2)
     error, fetched = _fit_until_read(
         progress=False, eval_data=[_batch()], eval_fn=metrics, eval_every=every
     )
     assert fetched == 2
-    assert sync_site(error) == ("step/sequence.py", "read")  # host_metrics
-    assert ("step/sequence.py", "host_metrics") in sbfunc_frames(error)
+    assert sync_site(error) == ("step/_sequence.py", "read")  # host_metrics
+    assert ("step/_sequence.py", "host_metrics") in sbfunc_frames(error)
 
 
 def test_fit_with_nonfinite_raise_reads_in_the_first_step_s_guard():

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sbfunc.step.gradients import all_finite
+from sbfunc._finite import update_finite as all_finite
 from tests.helpers import assert_identical
 
 VALUES = st.one_of(

@@ -77,7 +77,7 @@ def test_the_right_parameters_train_and_the_check_holds_after_surgery():
         state, metrics = step(state, batch)
         first = metrics.loss if first is None else first
     assert metrics.loss < first
-    surgery = sbfunc.algorithms.surgery.replace_modules(
+    surgery = sbfunc.algorithms._surgery.replace_modules(
         model, lambda name, m: nn.Sequential(m, nn.Identity()) if name == "2" else None
     )
     with pytest.raises(ValueError, match=r"missing \['2\.0\.weight'"):

@@ -126,8 +126,8 @@ durations = st.one_of(
 )
 intervals = st.one_of(
     st.none(),
-    st.builds(lambda n: sbfunc.step.Duration(epochs=n), st.integers(1, 2)),
-    st.builds(lambda n: sbfunc.step.Duration(steps=n), st.integers(1, 4)),
+    st.builds(lambda n: sbfunc.engine.Duration(epochs=n), st.integers(1, 2)),
+    st.builds(lambda n: sbfunc.engine.Duration(steps=n), st.integers(1, 4)),
 )
 
 
@@ -141,7 +141,7 @@ intervals = st.one_of(
 def test_the_fired_sequence_is_a_composer_order(duration, every, iteration_epochs, microbatches):
     step, state, data, loss_fn = _setup([Recorder()], microbatches=microbatches)
     evaluate = {} if every is None else {"eval_data": data[:2], "eval_fn": _metrics(loss_fn)}
-    if every is not None and every != sbfunc.step.Duration(epochs=1):
+    if every is not None and every != sbfunc.engine.Duration(epochs=1):
         evaluate["eval_every"] = every
     result = sbfunc.fit(
         step, state, data, progress=False, iteration_epochs=iteration_epochs,
@@ -203,9 +203,9 @@ def test_stopping_and_resuming_loses_no_event(duration, stop, every):
 @pytest.mark.parametrize(
     ("save_every", "iteration_epochs", "names"),
     [
-        (sbfunc.step.Duration(steps=2), None, ["s2.pt", "s4.pt", "s6.pt", "s8.pt", "s9.pt"]),
+        (sbfunc.engine.Duration(steps=2), None, ["s2.pt", "s4.pt", "s6.pt", "s8.pt", "s9.pt"]),
         (None, None, ["s3.pt", "s6.pt", "s9.pt"]),
-        (sbfunc.step.Duration(epochs=2), 2, ["s6.pt", "s9.pt"]),
+        (sbfunc.engine.Duration(epochs=2), 2, ["s6.pt", "s9.pt"]),
     ],
 )
 def test_checkpoints_resume_bit_for_bit(tmp_path, save_every, iteration_epochs, names):
@@ -354,11 +354,15 @@ def test_steps_duration_ending_mid_epoch_closes_neither_epoch_nor_iteration(tmp_
         ({"eval_data": [()], "eval_fn": 3}, TypeError, "eval_fn must be callable"),
         ({"eval_data": [()], "eval_fn": len, "eval_every": 2}, TypeError, "eval_every must be"),
         (
-            {"eval_data": [()], "eval_fn": len, "eval_every": sbfunc.step.Duration(epochs=0)},
+            {"eval_data": [()], "eval_fn": len, "eval_every": sbfunc.engine.Duration(epochs=0)},
             ValueError,
             "eval_every must give exactly one of epochs or steps",
         ),
-        ({"save_every": sbfunc.step.Duration(steps=1)}, ValueError, "save_every needs checkpoint"),
+        (
+            {"save_every": sbfunc.engine.Duration(steps=1)},
+            ValueError,
+            "save_every needs checkpoint",
+        ),
         ({"checkpoint": 3}, TypeError, "checkpoint must be a path"),
         ({"load_from": 3}, TypeError, "load_from must be a path"),
         ({"iteration_epochs": 0}, ValueError, "iteration_epochs must be an int >= 1"),

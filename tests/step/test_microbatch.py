@@ -10,7 +10,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.step.microbatch import Microbatching, microbatching
+from sbfunc.step._microbatch import Microbatching, microbatching
 
 E = sbfunc.Event
 

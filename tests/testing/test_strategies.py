@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
-from sbfunc.engine import Algorithm, Context, Event, TrainState, run_event
-from sbfunc.engine.algorithm import FLAGS
+from sbfunc.engine import FLAGS, Algorithm, Context, Event, TrainState, run_event
 from sbfunc.testing import (
     CLASSES,
     FEATURES,

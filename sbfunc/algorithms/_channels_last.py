@@ -1,0 +1,114 @@
+"""ChannelsLast: keep 4-D weights and activations in NHWC memory order."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from sbfunc.engine import Algorithm, Context, Event
+from sbfunc.types import Params
+
+__all__ = ["ChannelsLast", "apply_channels_last", "channels_last_tensors"]
+
+
+def apply_channels_last(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose 4-D parameters and buffers are stored channels-last (NHWC).
+
+    Model surgery for before :func:`sbfunc.split_module`: the memory format changes, the
+    values and the function do not (convolutions then pick NHWC kernels, usually faster on
+    GPUs with tensor cores). The input module is left as it was.
+
+    Args:
+        module: any module.
+
+    Returns:
+        A new module.
+
+    Example:
+        >>> from sbfunc.algorithms import apply_channels_last
+        >>> conv = torch.nn.Conv2d(3, 8, 3)
+        >>> cl = apply_channels_last(conv)
+        >>> cl.weight.is_contiguous(memory_format=torch.channels_last), bool(
+        ...     torch.equal(cl.weight, conv.weight))
+        (True, True)
+
+    References:
+        PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer
+        ``apply_channels_last`` (which converts the model in place).
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    return copy.deepcopy(module).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+
+
+def channels_last_tensors(tensors: Params) -> Params:
+    """A new dict with every 4-D tensor of ``tensors`` made channels-last; others as they are.
+
+    Args:
+        tensors: name -> tensor (e.g. the params or buffers of :func:`sbfunc.split_module`).
+
+    Returns:
+        A new dict; equal values, new memory layout for the 4-D tensors.
+
+    Example:
+        >>> out = channels_last_tensors({"w": torch.rand(8, 3, 3, 3), "b": torch.rand(8)})
+        >>> out["w"].is_contiguous(memory_format=torch.channels_last), out["b"].dim()
+        (True, 1)
+
+    References:
+        PyTorch ``Tensor.contiguous(memory_format=torch.channels_last)``.
+    """
+    return {
+        name: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+        for name, t in tensors.items()
+    }
+
+
+class ChannelsLast(Algorithm):
+    """Make the 4-D parameters and buffers channels-last on ``INIT``.
+
+    The pure counterpart of Composer's ``ChannelsLast`` (which converts the model on
+    ``INIT``): the step holds the model as ``params``/``buffers`` dicts, so on ``INIT`` this
+    replaces their 4-D tensors by channels-last copies (:func:`channels_last_tensors`); the
+    values, and so the model's function, are unchanged. Nothing runs per step; the optimizers
+    of :mod:`sbfunc.optim` update elementwise, which keeps the layout. To convert a module
+    before :func:`sbfunc.split_module` instead, use :func:`apply_channels_last`.
+
+    Example:
+        >>> from sbfunc.algorithms import ChannelsLast
+        >>> cl = ChannelsLast()
+        >>> params = {"conv.weight": torch.rand(8, 3, 3, 3)}
+        >>> state = sbfunc.Context(sbfunc.random.key(0), params=params)
+        >>> out = cl.apply(sbfunc.Event.INIT, state)
+        >>> out.params["conv.weight"].is_contiguous(memory_format=torch.channels_last)
+        True
+
+    References:
+        PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer ``ChannelsLast``.
+    """
+
+    uses_key = False  # deterministic: the engine derives no key for it
+
+    events = frozenset({Event.INIT})
+
+    def match(self, event: Event, state: Context) -> bool:
+        return event == Event.INIT
+
+    def apply(self, event: Event, state: Context) -> Context:
+        return state.replace(
+            params=channels_last_tensors(state.params),
+            buffers=channels_last_tensors(state.buffers),
+        )
+
+    def surgery(self, module: nn.Module) -> nn.Module:
+        """:func:`apply_channels_last` (the module-level form of this algorithm).
+
+        Example:
+            >>> from sbfunc.algorithms import ChannelsLast
+            >>> conv = ChannelsLast().surgery(torch.nn.Conv2d(3, 4, 3))
+            >>> conv.weight.is_contiguous(memory_format=torch.channels_last)
+            True
+        """
+        return apply_channels_last(module)

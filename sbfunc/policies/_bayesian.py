@@ -1,0 +1,278 @@
+"""Bayesian data selection (Deng, Cui & Zhu, NeurIPS 2023) as a
+:class:`~sbfunc.policies.Policy`: top-k by a lower bound of the generalization loss reduction
+under a last-layer Kronecker-factored Laplace posterior."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
+from sbfunc.policies._last_layer import last_layer_errors
+from sbfunc.score import Signals
+from sbfunc.select import Selection, check_keep, kept_count, top_k_indices
+from sbfunc.validation import check_fraction, check_int, check_real, check_tensor
+
+__all__ = ["BayesianState", "bayesian"]
+
+VARIANCE_FLOOR = 1e-6
+"""The least feature variance ``phi^T V^-1 phi`` (the official code's ``clamp(min=1e-6)``)."""
+
+
+class BayesianState(NamedTuple):
+    """The state of :func:`bayesian`: the Kronecker factors' moving averages and the reference
+    table.
+
+    Attributes:
+        features: ``float32 Tensor[D, D]``, the EMA of ``H^T H / k`` over the kept rows' head
+            inputs ``H`` (the official code's ``A``).
+        classes: ``float32 Tensor[C, C]``, the EMA of ``E^T E / k`` over the kept rows'
+            softmax errors ``E = softmax(z) - onehot(y)`` (the official code's ``G``).
+        rows: ``int64`` 0-d, the rows the factors have seen (0: no posterior yet, the draws
+            are the mean logits).
+        reference: ``Tensor[M]`` of reference log-likelihoods by sample id, or ``None``.
+
+    Example:
+        >>> from sbfunc.policies import bayesian
+        >>> state = bayesian(0.5, num_features=3, num_classes=2).init()
+        >>> state.features.shape, state.classes.shape, state.rows
+        (torch.Size([3, 3]), torch.Size([2, 2]), tensor(0))
+
+    References:
+        Deng, Cui & Zhu 2023 (NeurIPS); github.com/Pengfight/Bayesian-Data-Selection,
+        ``clip_prioritized_train_bayes_ema.py`` (``KFCALLAWrapper``).
+    """
+
+    features: torch.Tensor
+    classes: torch.Tensor
+    rows: torch.Tensor
+    reference: torch.Tensor | None = None
+
+
+class _Config(NamedTuple):
+    keep: float
+    alpha: float
+    draws: int
+    decay: float
+    prior_precision: float
+    num_effective_data: float
+
+
+def bayesian(
+    keep: float,
+    *,
+    num_features: int,
+    num_classes: int,
+    reference: torch.Tensor | None = None,
+    alpha: float = 0.2,
+    draws: int = 256,
+    decay: float = 0.99,
+    prior_precision: float = 10.0,
+    num_effective_data: float = 200.0,
+) -> Policy:
+    """Bayesian data selection: the ``k = max(1, floor(keep*N))`` rows of highest
+    ``alpha * E_q[log p(y|f)] + (1 - alpha) * log p_ref(y|x) - log E_q[p(y|f)]``.
+
+    ``q`` is a last-layer Laplace posterior with Kronecker factors (no bias, as the official
+    code): the logits of row ``i`` are ``f = z_i + s_i * eps @ L_U^-T`` with ``z_i`` the mean
+    logits, ``s_i^2 = max(phi_i^T V^-1 phi_i, 1e-6)`` (``phi_i`` the head's input),
+    ``V = sqrt(n) A + sqrt(lambda) I``, ``U = sqrt(n) G + sqrt(lambda) I = L_U L_U^T``
+    (``n = num_effective_data``, ``lambda = prior_precision``) and ``eps`` standard normal,
+    ``draws`` of them per row: ``sbfunc.random.normal(split(key)[0], (N, draws, C))``. Ties are
+    broken at random by ``split(key)[1]``. ``A`` and ``G`` (:class:`BayesianState`) are moving
+    averages (``decay``) of the kept rows' ``phi phi^T`` and ``e e^T``, ``e = softmax(z) -
+    onehot(y)``, updated after each selection (the first update copies); before any update
+    every draw is ``z`` and the score is ``(1 - alpha) * (loss - reference loss)``, RHO-LOSS.
+
+    ``reference[id]`` is ``log p_ref(y|x)`` of sample ``id`` under a reference model (minus
+    RHO-LOSS's irreducible loss; the paper's zero-shot CLIP), a per-id table in the state as
+    :func:`~sbfunc.policies.rho_loss` keeps it (ids required). With ``reference=None`` the term
+    is dropped, which selects the same rows as a uniform reference (a constant ``-log C``).
+
+    Needs the signals ``logits``, ``features`` and ``targets`` (class indices); the scores are
+    read only for their finiteness (the loss is the cross-entropy of the logits): a row with a
+    non-finite score, logits or features ranks last and is never recorded in the factors.
+    ``weights=None``; fixed shapes, no host reads; ``N * draws * C`` floats per step.
+
+    Deviations from the official code: the factors are updated from the scoring forward's
+    signals of the kept rows (the code uses the training forward of the kept rows, the same
+    parameters in train mode); no Cholesky jitter retries (the prior keeps both factors
+    positive definite); ``log E_q p`` by ``logsumexp``.
+
+    Args:
+        keep: fraction kept, in (0, 1] (the code's ``select_rate``, 0.1).
+        num_features: ``D``, the width of the head's input.
+        num_classes: ``C``, the number of logits.
+        reference: ``Tensor[M]`` floating, the reference log-likelihood by sample id, or
+            ``None``.
+        alpha: the weight of the model's own term, in [0, 1] (code: 0.5 by default, 0.2 for
+            CIFAR-10 and 0.3 for CIFAR-100 in its README).
+        draws: Monte-Carlo draws of the logits per row (code: 256).
+        decay: the factors' EMA momentum, in [0, 1) (code: 0.99).
+        prior_precision: ``lambda > 0`` (code: 1 by default, 10 in its README).
+        num_effective_data: ``n > 0`` (code: 10000 by default, 200 for CIFAR-10 and 1000 for
+            CIFAR-100 in its README).
+
+    Returns:
+        A :class:`~sbfunc.policies.Policy` with ``needs = {"logits", "features", "targets"}``
+        and :class:`BayesianState`.
+
+    Raises:
+        TypeError: for an argument of the wrong type.
+        ValueError: for an argument out of range; at ``select``, for missing signals, signals
+            of another width than ``num_features`` / ``num_classes``, or missing ``ids`` with a
+            ``reference``.
+
+    Example:
+        >>> from sbfunc.policies import bayesian
+        >>> from sbfunc.score import Signals
+        >>> policy = bayesian(0.5, num_features=2, num_classes=2, draws=8)
+        >>> logits = torch.tensor([[4.0, 0.0], [0.0, 4.0], [0.0, 0.0], [1.0, 0.0]])
+        >>> signals = Signals(logits, torch.ones(4, 2), torch.tensor([0, 0, 0, 0]))
+        >>> sel, state = policy.select(torch.ones(4), policy.init(), key=sbfunc.random.key(0),
+        ...                            signals=signals)
+        >>> sel.indices, state.rows  # the highest losses first, without a reference
+        (tensor([1, 2]), tensor(2))
+
+    References:
+        Deng, Cui & Zhu 2023, "Towards Accelerated Model Training via Bayesian Data Selection"
+        (NeurIPS); github.com/Pengfight/Bayesian-Data-Selection,
+        ``clip_prioritized_train_bayes_ema.py`` (lines 195-199: the score; 337-349: the
+        posterior draws; 354-373: the factor updates; 68-79: the defaults).
+    """
+    cfg = _Config(
+        check_keep(keep),
+        check_fraction(alpha, "alpha", fix="alpha weighs the model's term against the reference"),
+        check_int(draws, "draws", low=1, fix="e.g. draws=256"),
+        check_fraction(decay, "decay", open_high=True, fix="decay is an EMA momentum, e.g. 0.99"),
+        check_real(prior_precision, "prior_precision", low=0.0, open_low=True),
+        check_real(num_effective_data, "num_effective_data", low=0.0, open_low=True),
+    )
+    dims = (
+        check_int(num_features, "num_features", low=1),
+        check_int(num_classes, "num_classes", low=1),
+    )
+    table = None
+    if reference is not None:
+        fix = "index it by sample id: Tensor[M] of log p_ref(y|x)"
+        table = (
+            check_tensor(reference, "reference", dim=1, floating=True, fix=fix).detach().clone()
+        )
+
+    def init() -> BayesianState:
+        d, c = dims
+        zeros = torch.zeros((), dtype=torch.int64)
+        return BayesianState(torch.zeros(d, d), torch.zeros(c, c), zeros, table)
+
+    def rule(
+        scores: torch.Tensor, state: BayesianState, a: SelectArgs
+    ) -> tuple[Selection, BayesianState]:
+        signals = _checked(a.signals, dims)
+        reference_ll = None
+        if state.reference is not None:
+            ids = check_ids(a.ids, scores.shape[0], "bayesian").to(state.reference.device)
+            reference_ll = state.reference.index_select(0, ids)
+        noise_key, tie_key = sbrandom.split(a.key)
+        objective = _objective(scores, signals, state, reference_ll, noise_key, cfg)
+        tie_noise = sbrandom.bits(tie_key, (scores.shape[0],), device=scores.device)
+        kept = top_k_indices(objective, kept_count(scores.shape[0], cfg.keep), tie_noise)
+        return Selection(kept), _update(state, signals, kept, torch.isfinite(objective), cfg)
+
+    return make_policy(init, rule, needs=("logits", "features", "targets"))
+
+
+def _checked(signals: Signals | None, dims: tuple[int, int]) -> Signals:
+    """The logits ``[N, C]``, the features flattened to ``[N, D]`` on the logits' device."""
+    assert signals is not None and signals.logits is not None  # checked by make_policy (needs)
+    assert signals.features is not None and signals.targets is not None
+    logits = check_tensor(signals.logits, "signals.logits", dim=2, floating=True)
+    features = signals.features.reshape(logits.shape[0], -1).to(logits.device)
+    check_tensor(features, "signals.features", floating=True)
+    got = (features.shape[1], logits.shape[1])
+    if got != dims:
+        raise ValueError(
+            f"bayesian was built for num_features={dims[0]}, num_classes={dims[1]}; the signals "
+            f"have {got[0]} features and {got[1]} logits per row"
+        )
+    return Signals(logits, features, signals.targets.to(logits.device))
+
+
+def _cholesky(factor: torch.Tensor, cfg: _Config, dtype: torch.dtype) -> torch.Tensor:
+    """The Cholesky factor of ``sqrt(n) * factor + sqrt(lambda) * I`` (no host check)."""
+    eye = torch.eye(factor.shape[0], dtype=dtype, device=factor.device)
+    precision = math.sqrt(cfg.num_effective_data) * factor.to(dtype)
+    return torch.linalg.cholesky_ex(precision + math.sqrt(cfg.prior_precision) * eye).L
+
+
+def _draws(
+    signals: Signals, state: BayesianState, key: sbrandom.Key, cfg: _Config
+) -> torch.Tensor:
+    """``Tensor[N, draws, C]`` logits drawn from the posterior (the mean logits before any
+    factor update)."""
+    logits, h = signals.logits, signals.features
+    assert logits is not None and h is not None
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    n, c = logits.shape
+    solve = torch.linalg.solve_triangular
+    z = solve(_cholesky(state.features, cfg, dtype), h.to(dtype).T, upper=False)
+    std = (z * z).sum(0).clamp_min(VARIANCE_FLOOR).sqrt()  # sqrt(phi^T V^-1 phi)
+    std = torch.where(state.rows > 0, std, 0.0)  # no posterior yet: the mean logits
+    eye = torch.eye(c, dtype=dtype, device=logits.device)
+    root = solve(_cholesky(state.classes, cfg, dtype), eye, upper=False).T  # L_U^-T
+    eps = sbrandom.normal(key, (n, cfg.draws, c), dtype=dtype, device=logits.device)
+    return logits.to(dtype).unsqueeze(1) + std.reshape(n, 1, 1) * (eps @ root)
+
+
+def _objective(
+    scores: torch.Tensor,
+    signals: Signals,
+    state: BayesianState,
+    reference_ll: torch.Tensor | None,
+    key: sbrandom.Key,
+    cfg: _Config,
+) -> torch.Tensor:
+    """The selection objective per row, NaN where the score, logits or features are not
+    finite."""
+    f = _draws(signals, state, key, cfg)
+    assert signals.targets is not None and signals.logits is not None
+    n, s, _ = f.shape
+    y = signals.targets.reshape(n, 1, 1).expand(n, s, 1)
+    ll = torch.log_softmax(f, dim=-1).gather(-1, y).squeeze(-1)  # log p(y|f) per draw
+    objective = cfg.alpha * ll.mean(1) - (torch.logsumexp(ll, 1) - math.log(s))
+    if reference_ll is not None:
+        objective = objective + (1.0 - cfg.alpha) * reference_ll.to(objective)
+    ok = _finite_rows(scores.to(f.device), signals)
+    return torch.where(ok, objective, torch.nan)
+
+
+def _finite_rows(scores: torch.Tensor, signals: Signals) -> torch.Tensor:
+    assert signals.logits is not None and signals.features is not None
+    rows = torch.isfinite(signals.logits).all(1) & torch.isfinite(signals.features).all(1)
+    return torch.isfinite(scores) & rows
+
+
+def _update(
+    state: BayesianState,
+    signals: Signals,
+    kept: torch.Tensor,
+    finite: torch.Tensor,
+    cfg: _Config,
+) -> BayesianState:
+    """The factors after the kept rows with a finite objective: ``A <- decay * A + (1 -
+    decay) * H^T H / k`` (a copy on the first update; no change when no row counts)."""
+    assert signals.logits is not None and signals.features is not None
+    assert signals.targets is not None
+    rows = torch.zeros_like(finite).index_fill(0, kept, True) & finite
+    h = torch.where(rows.unsqueeze(1), signals.features, 0.0).to(state.features)
+    errors = last_layer_errors(signals.logits, signals.targets)
+    e = torch.where(rows.unsqueeze(1), errors, 0.0).to(state.classes)
+    count = rows.sum()
+    per_row = 1.0 / count.clamp_min(1).to(state.features.dtype)
+    first = torch.where(state.rows == 0, 1.0, 1.0 - cfg.decay)
+    w = torch.where(count > 0, first, 0.0).to(state.features.dtype)
+    features = state.features * (1.0 - w) + (h.T @ h) * (per_row * w)
+    classes = state.classes * (1.0 - w) + (e.T @ e) * (per_row * w)
+    return BayesianState(features, classes, state.rows + count, state.reference)
