@@ -157,8 +157,8 @@ def run(args) -> None:
         state, _, rows = train(mode, data, args, comm, meter)
         report(mode, state, rows, meter, comm, data, args)
     path = Path(args.checkpoint)  # the working folder: every rank of one machine reads it
-    sbdist.save(state, path, comm=comm)
-    loaded = sbdist.load(path, like=state, comm=comm)
+    sbdist.save_data_parallel(state, path, comm=comm)
+    loaded = sbdist.load_data_parallel(path, like=state, comm=comm)
     same = all(torch.equal(loaded.params[k], state.params[k]) for k in state.params)
     if comm.rank == 0:
         print(f"\ncheckpoint {path} written once by rank 0, reloaded on every rank: {same}")

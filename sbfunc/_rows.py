@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-NAMESPACE: Final = "sbfunc"
+NAMESPACE: Final = "sbfunc.batch"
 """sbfunc's optree namespace: dicts keep insertion order, and the mapping and list/tuple types
 optree does not know (``UserDict``, ``BatchEncoding``...) become nodes in it when first seen."""
 _ORDERED = optree.dict_insertion_ordered(True, namespace=NAMESPACE)
@@ -87,8 +87,17 @@ def _flat_mapping(m: Mapping[Any, Any]) -> tuple[list[Any], tuple[Any, ...], tup
     return [m[k] for k in m], tuple(m), tuple(m)
 
 
-@torch.compiler.assume_constant_result  # runs at trace time, outside the graph
-def _register(cls: type) -> bool:
+def assume_constant_result(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compiler.assume_constant_result(fn)`` without importing ``torch._dynamo`` (which
+    that function imports, doubling ``import sbfunc``'s time): the compiler runs a marked
+    function at trace time, outside the graph, and uses its result as a constant. The marker is
+    the one attribute torch's decorator sets (``tests/test_rows.py`` checks that it still is)."""
+    fn._dynamo_marked_constant = True  # type: ignore[attr-defined]
+    return fn
+
+
+@assume_constant_result  # runs at trace time, outside the graph
+def register(cls: type) -> bool:
     """Make a mapping or list/tuple type optree does not know a node of :data:`NAMESPACE`, once
     (the ``is_leaf`` hooks call it before optree looks a type up). Returns ``False``."""
     if cls in _KNOWN:
@@ -105,7 +114,7 @@ def _register(cls: type) -> bool:
 
 
 def _node(x: Any) -> bool:
-    return _register(type(x))
+    return register(type(x))
 
 
 def _array_types() -> tuple[type[Any], ...]:
@@ -123,7 +132,7 @@ def is_row_sequence(x: Any) -> bool:
 
 
 def _is_leaf(x: Any) -> bool:
-    return _register(type(x)) or is_row_sequence(x)
+    return register(type(x)) or is_row_sequence(x)
 
 
 def leading_size(x: Any) -> int | None:
@@ -180,7 +189,7 @@ def _spec_error(path: tuple[Any, ...], value: Any) -> TypeError:
 
 
 def _spec_leaf(s: Any) -> bool:
-    return _register(type(s)) or not isinstance(s, Mapping | list | tuple)
+    return register(type(s)) or not isinstance(s, Mapping | list | tuple)
 
 
 def walk(
@@ -249,7 +258,7 @@ def _walk_spec(x: Any, spec: Any, visit: Visit, rebuild: bool, path: tuple[Any, 
             f"{at} is {kind}, but {path_str(path)} is a {type(x).__name__}; give a bool, ROWS "
             "or a callable there instead"
         )
-    _register(type(x))
+    register(type(x))
     one: Any = optree.tree_flatten_one_level(cast(Any, x), none_is_leaf=True, namespace=NAMESPACE)
     fields = getattr(x, "_fields", None)
     keys = [_Attr(f) for f in fields] if fields is not None else list(one.entries)

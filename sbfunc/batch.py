@@ -53,7 +53,7 @@ __all__ = [
 Field = int | str | Callable[[Any], Any]
 """Where a field sits in a batch: int (tuple/list), str (mapping) or ``batch -> value``."""
 
-Batch = TypeVar("Batch")
+BatchT = TypeVar("BatchT")
 
 
 def per_sample_sizes(batch: Any, per_sample: PerSample = None) -> dict[str, int]:
@@ -175,7 +175,7 @@ def _take_rows(leaf: Any, indices: torch.Tensor, host: list[int]) -> Any:
     return rebuild_sequence(leaf, [leaf[i] for i in host])
 
 
-def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -> Batch:
+def take(batch: BatchT, indices: torch.Tensor, *, per_sample: PerSample = None) -> BatchT:
     """Select rows ``indices`` of every per-sample leaf of a pytree batch.
 
     Tensors are indexed along dim 0 on their own device; NumPy arrays and row sequences
@@ -228,7 +228,7 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
     if per_sample is None:
         fast = _fast_take(batch, indices)
         if fast is not None:
-            return cast(Batch, fast)
+            return cast(BatchT, fast)
     sizes: dict[str, int] = {}
     host: list[list[int]] = []  # indices on the host, read once if a leaf needs them
 
@@ -247,10 +247,10 @@ def take(batch: Batch, indices: torch.Tensor, *, per_sample: PerSample = None) -
         raise _no_rows_error(batch)
     if len(set(sizes.values())) > 1:
         raise _disagree_error(sizes)
-    return cast(Batch, pruned)
+    return cast(BatchT, pruned)
 
 
-def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Batch:
+def strings_as_row_indices(batch: BatchT, *, per_sample: PerSample = None) -> BatchT:
     """``batch`` with every per-sample leaf that is a sequence of strings (``str``/``bytes``,
     what ``default_collate`` makes of a text field) replaced by its row indices, an int64
     ``arange(N)`` on the device of the batch's first tensor; other leaves are kept as they are.
@@ -283,7 +283,7 @@ def strings_as_row_indices(batch: Batch, *, per_sample: PerSample = None) -> Bat
         return torch.arange(size, device=device)
 
     out = walk(batch, per_sample, visit, rebuild=True)
-    return cast(Batch, out) if found else batch
+    return cast(BatchT, out) if found else batch
 
 
 def _all_strings(leaf: Any) -> bool:
@@ -384,7 +384,7 @@ def extract(batch: Any, key: Field, what: str = "key") -> Any:
     raise TypeError(f"{what} must be an int, str or callable, got {type(key).__name__}")
 
 
-def replace(batch: Batch, key: int | str, value: Any) -> Batch:
+def replace(batch: BatchT, key: int | str, value: Any) -> BatchT:
     """A copy of ``batch`` with one top-level field replaced; the input is not modified.
 
     ``key`` is an int for tuples, lists and namedtuples (the type is kept), a str for

@@ -210,3 +210,23 @@ for name, call in calls.items():
     assert len(lines) == 7
     for line in lines:
         assert "needs kornia: pip install 'sbfunc[image]'" in line, line
+
+
+def test_import_sbfunc_and_an_eager_step_do_not_import_the_compiler():
+    """``torch._dynamo`` (seconds of import time on a small machine) loads only when a step is
+    compiled: ``import sbfunc``, building a step and running it eagerly never import it."""
+    code = """
+import sys, torch
+import sbfunc
+print("torch._dynamo" in sys.modules)
+m = torch.nn.Linear(3, 2)
+loss_fn = sbfunc.per_sample_loss(m, torch.nn.functional.cross_entropy)
+sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, interrupt=0)
+step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(1e-3), [sb])
+state = step.init(*sbfunc.split_module(m, clone=True), key=sbfunc.random.key(0), total_steps=2)
+state, _ = step(state, (torch.randn(8, 3), torch.randint(0, 2, (8,))))
+print("torch._dynamo" in sys.modules)
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]

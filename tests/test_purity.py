@@ -372,11 +372,15 @@ def test_fit_evaluation_and_checkpoint_write_nothing(tmp_path):
     kwargs = {
         "epochs": 2,
         "progress": False,
-        "eval_data": data[:1],
-        "eval_fn": eval_fn_for(loss_fn),
+        "evaluator": sbfunc.step.Evaluator(data[:1], eval_fn_for(loss_fn)),
     }
     result = check_pure(
-        sbfunc.fit, step, state, data, checkpoint=tmp_path / "s{step}.pt", **kwargs
+        sbfunc.fit,
+        step,
+        state,
+        data,
+        **kwargs,
+        checkpointing=sbfunc.step.Checkpointing(save_to=tmp_path / "s{step}.pt"),
     )
     check_pure(sbfunc.step.evaluate, step, result.state, data, eval_fn_for(loss_fn))
     check_pure(sbfunc.checkpoint.save, result.state, tmp_path / "final.pt")
@@ -397,5 +401,5 @@ def test_every_algorithm_writes_nothing(name):
     state = init_state(step, model)
     data = algorithm_registry._data(case.kind)[:2]
     eval_fn = eval_fn_for(algorithm_registry._loss(model, case.kind, "eval"))
-    run = {"epochs": 1, "progress": False, "eval_data": data[:1], "eval_fn": eval_fn}
+    run = {"epochs": 1, "progress": False, "evaluator": sbfunc.step.Evaluator(data[:1], eval_fn)}
     check_pure(sbfunc.fit, step, state, data, **run)

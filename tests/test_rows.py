@@ -127,3 +127,19 @@ def test_a_false_spec_entry_hides_its_subtree(batch, data):
     out = walk(batch, {key: False}, lambda p, leaf, n: seen.append((p, n)) or leaf, rebuild=True)
     assert seen == [r for r in _reference(batch) if r[0][0] != key]
     assert out[key] is batch[key] and list(out) == list(batch)
+
+
+def test_the_constant_result_marker_is_the_one_torch_sets():
+    """``sbfunc._rows.assume_constant_result`` sets the attribute torch's own decorator sets
+    (without importing ``torch._dynamo``); a torch release that changes it fails here."""
+    from sbfunc._rows import assume_constant_result
+
+    def ours():
+        return 1
+
+    def theirs():
+        return 1
+
+    assume_constant_result(ours)
+    torch.compiler.assume_constant_result(theirs)
+    assert vars(ours) == vars(theirs)

@@ -373,17 +373,17 @@ class Alibi(Algorithm, Surgery):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: Context) -> bool:
+    def match(self, event: Event, ctx: Context) -> bool:
         return event == Event.AFTER_DATALOADER and self.scaling != 1.0
 
-    def apply(self, event: Event, state: Context) -> Context:
-        current = batch_sequence_length(state.batch)  # a shape: static in a compiled step
+    def apply(self, event: Event, ctx: Context) -> Context:
+        current = batch_sequence_length(ctx.batch)  # a shape: static in a compiled step
         if current is None:
-            return state
+            return ctx
         length = max(1, int(current * self.scaling))
         if length >= current:
-            return state
-        return state.replace(batch=set_batch_sequence_length(state.batch, length, truncate=False))
+            return ctx
+        return ctx.replace(batch=set_batch_sequence_length(ctx.batch, length, truncate=False))
 
     def __repr__(self) -> str:
         return (

@@ -92,31 +92,31 @@ class _Averaging(Algorithm):
     events = frozenset({Event.INIT, Event.BATCH_END, Event.EPOCH_END})
     uses_elapsed = True
 
-    def match(self, event: Event, state: Context) -> bool:
+    def match(self, event: Event, ctx: Context) -> bool:
         if event == Event.INIT:
             return True
         update = Event.BATCH_END if self.unit == "ba" else Event.EPOCH_END
-        if event != update or not self._in_window(state.time.elapsed):
+        if event != update or not self._in_window(ctx.time.elapsed):
             return False
-        return _count(state.time, self.unit) % self.every == 0
+        return _count(ctx.time, self.unit) % self.every == 0
 
-    def apply(self, event: Event, state: Context) -> Context:
+    def apply(self, event: Event, ctx: Context) -> Context:
         if event == Event.INIT:
-            count = torch.zeros((), dtype=torch.int64, device=state.key.device)
+            count = torch.zeros((), dtype=torch.int64, device=ctx.key.device)
             own = AveragedState(
-                {k: v.clone() for k, v in state.params.items()},
-                self._floating(state.buffers),
+                {k: v.clone() for k, v in ctx.params.items()},
+                self._floating(ctx.buffers),
                 count,
             )
-            return state.replace(own=own)
-        own = state.own
+            return ctx.replace(own=own)
+        own = ctx.own
         if not isinstance(own, AveragedState):
             raise RuntimeError(f"{self.name}: no averaged state; INIT (step.init) must run first")
         weight = self._weight(own.num_updates)
-        return state.replace(
+        return ctx.replace(
             own=AveragedState(
-                _lerp(own.params, state.params, weight),
-                _lerp(own.buffers, state.buffers, weight),
+                _lerp(own.params, ctx.params, weight),
+                _lerp(own.buffers, ctx.buffers, weight),
                 own.num_updates + 1,
             )
         )

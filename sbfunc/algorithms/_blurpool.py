@@ -249,8 +249,5 @@ class BlurPool(Algorithm):
 
     events = frozenset()
 
-    def match(self, event: Event, state: Context) -> bool:
-        return False
-
-    def apply(self, event: Event, state: Context) -> Context:
-        return state
+    def apply(self, event: Event, ctx: Context) -> Context:
+        return ctx

@@ -93,13 +93,10 @@ class ChannelsLast(Algorithm):
 
     events = frozenset({Event.INIT})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.INIT
-
-    def apply(self, event: Event, state: Context) -> Context:
-        return state.replace(
-            params=channels_last_tensors(state.params),
-            buffers=channels_last_tensors(state.buffers),
+    def apply(self, event: Event, ctx: Context) -> Context:
+        return ctx.replace(
+            params=channels_last_tensors(ctx.params),
+            buffers=channels_last_tensors(ctx.buffers),
         )
 
     def surgery(self, module: nn.Module) -> nn.Module:

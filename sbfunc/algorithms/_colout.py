@@ -150,21 +150,18 @@ class ColOut(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.AFTER_DATALOADER
-
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
-        y = None if self.resize_target is False else extract(state.batch, self.target, "target")
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
+        y = None if self.resize_target is False else extract(ctx.batch, self.target, "target")
         x, y = colout_batch(
             x,
             y,
-            key=state.key,
+            key=ctx.key,
             p_row=self.p_row,
             p_col=self.p_col,
             resize_target=self.resize_target,
         )
-        batch = replace(state.batch, self.input, x)
+        batch = replace(ctx.batch, self.input, x)
         if y is not None:
             batch = replace(batch, self.target, y)
-        return state.replace(batch=batch)
+        return ctx.replace(batch=batch)

@@ -174,18 +174,15 @@ class CutMix(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.BEFORE_FORWARD
-
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
-        y = extract(state.batch, self.target, "target")
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
+        y = extract(ctx.batch, self.target, "target")
         xm, ym, _, _ = cutmix_batch(
             x,
             y,
-            key=state.key,
+            key=ctx.key,
             alpha=self.alpha,
             num_classes=self.num_classes,
             uniform_sampling=self.uniform_sampling,
         )
-        return state.replace(batch=replace(replace(state.batch, self.input, xm), self.target, ym))
+        return ctx.replace(batch=replace(replace(ctx.batch, self.input, xm), self.target, ym))

@@ -149,16 +149,13 @@ class CutOut(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.AFTER_DATALOADER
-
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
         x = cutout_batch(
             x,
-            key=state.key,
+            key=ctx.key,
             num_holes=self.num_holes,
             length=self.length,
             uniform_sampling=self.uniform_sampling,
         )
-        return state.replace(batch=replace(state.batch, self.input, x))
+        return ctx.replace(batch=replace(ctx.batch, self.input, x))

@@ -291,11 +291,6 @@ class ImageAugmentation(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.AFTER_DATALOADER
-
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
-        return state.replace(
-            batch=replace(state.batch, self.input, self.transform(x, key=state.key))
-        )
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
+        return ctx.replace(batch=replace(ctx.batch, self.input, self.transform(x, key=ctx.key)))

@@ -105,14 +105,11 @@ class LabelSmoothing(Algorithm):
 
     events = frozenset({Event.BEFORE_LOSS, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event in (Event.BEFORE_LOSS, Event.AFTER_LOSS)
-
-    def apply(self, event: Event, state: Context) -> Context:
+    def apply(self, event: Event, ctx: Context) -> Context:
         if event == Event.BEFORE_LOSS:
-            y = extract(state.batch, self.target, "target")
+            y = extract(ctx.batch, self.target, "target")
             smoothed = smooth_labels(y, self.smoothing, self.num_classes)
-            return state.replace(batch=replace(state.batch, self.target, smoothed), scratch=y)
-        if state.scratch is None:
+            return ctx.replace(batch=replace(ctx.batch, self.target, smoothed), scratch=y)
+        if ctx.scratch is None:
             raise RuntimeError(f"{self.name}: AFTER_LOSS without the matching BEFORE_LOSS")
-        return state.replace(batch=replace(state.batch, self.target, state.scratch), scratch=None)
+        return ctx.replace(batch=replace(ctx.batch, self.target, ctx.scratch), scratch=None)

@@ -139,24 +139,24 @@ class LayerFreezing(Algorithm):
     events = frozenset({Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH})
     uses_elapsed = True
 
-    def match(self, event: Event, state: Context) -> int:
+    def match(self, event: Event, ctx: Context) -> int:
         if event not in (Event.AFTER_BACKWARD, Event.AFTER_TRAIN_BATCH):
             return 0
-        return self.depth(state.time.elapsed)
+        return self.depth(ctx.time.elapsed)
 
-    def apply(self, event: Event, state: Context) -> Context:
+    def apply(self, event: Event, ctx: Context) -> Context:
         if event == Event.AFTER_TRAIN_BATCH:
-            if state.scratch is None:  # no AFTER_BACKWARD in this step: nothing to restore
-                return state
-            return state.replace(params={**state.params, **state.scratch}, scratch=None)
-        depth = state.matched
+            if ctx.scratch is None:  # no AFTER_BACKWARD in this step: nothing to restore
+                return ctx
+            return ctx.replace(params={**ctx.params, **ctx.scratch}, scratch=None)
+        depth = ctx.matched
         if isinstance(depth, bool) or not isinstance(depth, int):  # applied without match
-            depth = self.depth(state.time.elapsed)
-        if state.grads is None:
+            depth = self.depth(ctx.time.elapsed)
+        if ctx.grads is None:
             raise RuntimeError(f"{self.name}: AFTER_BACKWARD without gradients")
-        frozen = _frozen(state.params, self.layers[:depth])
-        grads = {**state.grads, **{k: torch.zeros_like(state.grads[k]) for k in frozen}}
-        return state.replace(grads=grads, scratch={k: state.params[k] for k in frozen})
+        frozen = _frozen(ctx.params, self.layers[:depth])
+        grads = {**ctx.grads, **{k: torch.zeros_like(ctx.grads[k]) for k in frozen}}
+        return ctx.replace(grads=grads, scratch={k: ctx.params[k] for k in frozen})
 
     def __repr__(self) -> str:
         return (

@@ -113,13 +113,8 @@ class MixUp(Algorithm):
 
     events = frozenset({Event.BEFORE_FORWARD})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.BEFORE_FORWARD
-
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
-        y = extract(state.batch, self.target, "target")
-        xm, ym, _ = mixup_batch(
-            x, y, key=state.key, alpha=self.alpha, num_classes=self.num_classes
-        )
-        return state.replace(batch=replace(replace(state.batch, self.input, xm), self.target, ym))
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
+        y = extract(ctx.batch, self.target, "target")
+        xm, ym, _ = mixup_batch(x, y, key=ctx.key, alpha=self.alpha, num_classes=self.num_classes)
+        return ctx.replace(batch=replace(replace(ctx.batch, self.input, xm), self.target, ym))

@@ -15,8 +15,8 @@ from sbfunc.validation import check_bool, check_choice, check_int, check_real
 
 __all__ = ["ProgressiveResizing", "resize_batch"]
 
-Mode = Literal["resize", "crop"]
-_MODES: tuple[Mode, ...] = ("resize", "crop")
+ResizeMode = Literal["resize", "crop"]
+_MODES: tuple[ResizeMode, ...] = ("resize", "crop")
 
 
 def _scaled(size: int, scale_factor: float) -> int:
@@ -47,7 +47,7 @@ def resize_batch(
     target: torch.Tensor,
     scale_factor: float,
     *,
-    mode: Mode = "resize",
+    mode: ResizeMode = "resize",
     resize_targets: bool = False,
     key: sbrandom.Key | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +173,7 @@ class ProgressiveResizing(Algorithm):
 
     def __init__(
         self,
-        mode: Mode = "resize",
+        mode: ResizeMode = "resize",
         initial_scale: float = 0.5,
         finetune_fraction: float = 0.2,
         delay_fraction: float = 0.5,
@@ -184,7 +184,7 @@ class ProgressiveResizing(Algorithm):
         target: int | str = 1,
     ) -> None:
         kornia()  # the optional extra, checked at construction
-        self.mode: Mode = check_choice(mode, "mode", _MODES)
+        self.mode: ResizeMode = check_choice(mode, "mode", _MODES)
         self.initial_scale = check_real(
             initial_scale, "initial_scale", low=0, high=1, open_low=True
         )
@@ -240,23 +240,23 @@ class ProgressiveResizing(Algorithm):
     events = frozenset({Event.AFTER_DATALOADER})
     uses_elapsed = True
 
-    def match(self, event: Event, state: Context) -> float | bool:
+    def match(self, event: Event, ctx: Context) -> float | bool:
         if event != Event.AFTER_DATALOADER:
             return False
-        scale = self.scale_at(state.time.elapsed)
+        scale = self.scale_at(ctx.time.elapsed)
         return scale if scale < 1 and math.isfinite(scale) else False
 
-    def apply(self, event: Event, state: Context) -> Context:
-        x = extract(state.batch, self.input, "input")
-        scale = state.matched
+    def apply(self, event: Event, ctx: Context) -> Context:
+        x = extract(ctx.batch, self.input, "input")
+        scale = ctx.matched
         if isinstance(scale, bool):  # applied without its match decision (a direct call)
-            scale = self.scale_at(state.time.elapsed)
+            scale = self.scale_at(ctx.time.elapsed)
         scale = self._pin(scale, x.shape[-1])  # the width is a shape: static when compiled
         if scale >= 1:
-            return state
+            return ctx
         if not self.resize_targets:
-            x, _ = resize_batch(x, x, scale, mode=self.mode, key=state.key)
-            return state.replace(batch=replace(state.batch, self.input, x))
-        y = extract(state.batch, self.target, "target")
-        x, y = resize_batch(x, y, scale, mode=self.mode, resize_targets=True, key=state.key)
-        return state.replace(batch=replace(replace(state.batch, self.input, x), self.target, y))
+            x, _ = resize_batch(x, x, scale, mode=self.mode, key=ctx.key)
+            return ctx.replace(batch=replace(ctx.batch, self.input, x))
+        y = extract(ctx.batch, self.target, "target")
+        x, y = resize_batch(x, y, scale, mode=self.mode, resize_targets=True, key=ctx.key)
+        return ctx.replace(batch=replace(replace(ctx.batch, self.input, x), self.target, y))

@@ -133,24 +133,24 @@ class SAM(Algorithm):
 
     events = frozenset({Event.AFTER_BACKWARD})
 
-    def match(self, event: Event, state: Context) -> bool:
-        return event == Event.AFTER_BACKWARD and (state.time.step + 1) % self.interval == 0
+    def match(self, event: Event, ctx: Context) -> bool:
+        return event == Event.AFTER_BACKWARD and (ctx.time.step + 1) % self.interval == 0
 
-    def apply(self, event: Event, state: Context) -> Context:
-        if state.grads is None:
+    def apply(self, event: Event, ctx: Context) -> Context:
+        if ctx.grads is None:
             raise RuntimeError(f"{self.name}: AFTER_BACKWARD without gradients")
         grads = sam_gradients(
             self.loss_fn,
-            state.params,
-            state.buffers,
-            state.batch,
-            state.grads,
+            ctx.params,
+            ctx.buffers,
+            ctx.batch,
+            ctx.grads,
             rho=self.rho,
             epsilon=self.epsilon,
-            sample_weights=state.sample_weights,
-            key=state.key if self.keyed else None,
+            sample_weights=ctx.sample_weights,
+            key=ctx.key if self.keyed else None,
         )
-        return state.replace(grads=grads)
+        return ctx.replace(grads=grads)
 
     def __repr__(self) -> str:
         return f"SAM(rho={self.rho}, epsilon={self.epsilon}, interval={self.interval})"

@@ -245,24 +245,24 @@ class SeqLengthWarmup(Algorithm):
     events = frozenset({Event.AFTER_DATALOADER})
     uses_elapsed = True
 
-    def match(self, event: Event, state: Context) -> int | bool:
-        return self.length(state.time.elapsed) if event == Event.AFTER_DATALOADER else False
+    def match(self, event: Event, ctx: Context) -> int | bool:
+        return self.length(ctx.time.elapsed) if event == Event.AFTER_DATALOADER else False
 
-    def apply(self, event: Event, state: Context) -> Context:
-        length = state.matched
+    def apply(self, event: Event, ctx: Context) -> Context:
+        length = ctx.matched
         if isinstance(length, bool) or not isinstance(length, int):  # applied without match
-            length = self.length(state.time.elapsed)
-        current = batch_sequence_length(state.batch)  # a shape: static in a compiled step
+            length = self.length(ctx.time.elapsed)
+        current = batch_sequence_length(ctx.batch)  # a shape: static in a compiled step
         if current is None or length >= current:
-            return state
+            return ctx
         batch = set_batch_sequence_length(
-            state.batch,
+            ctx.batch,
             length,
             truncate=self.truncate,
             preserve_end_of_sequence=self.preserve,
             attention_mask=self.attention_mask,
         )
-        return state.replace(batch=batch)
+        return ctx.replace(batch=batch)
 
     def __repr__(self) -> str:
         return (

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from sbfunc.algorithms._surgery import (
-    Selector,
+    ModuleSelector,
     Surgery,
     matching_modules,
     replace_modules,
@@ -95,7 +95,7 @@ def _check(method: Any, drop_rate: Any, distribution: Any) -> tuple[Method, floa
 
 def apply_stochastic_depth(
     module: nn.Module,
-    target: Selector,
+    target: ModuleSelector,
     stochastic_method: Method = "block",
     drop_rate: float = 0.2,
     drop_distribution: Distribution = "linear",
@@ -114,7 +114,7 @@ def apply_stochastic_depth(
 
     Args:
         module: the model (not changed).
-        target: a :data:`~sbfunc.algorithms._surgery.Selector` of the branch modules.
+        target: a :data:`~sbfunc.algorithms._surgery.ModuleSelector` of the branch modules.
         stochastic_method: ``"block"`` (drop the branch for the whole batch) or ``"sample"``
             (drop it per row).
         drop_rate: the (largest) drop probability, in ``[0, 1]``.
@@ -167,7 +167,7 @@ class StochasticDepth(Algorithm, Surgery):
     with ``"sample"`` and ends exactly at the full rate.
 
     Args:
-        target: a :data:`~sbfunc.algorithms._surgery.Selector` of the residual branches.
+        target: a :data:`~sbfunc.algorithms._surgery.ModuleSelector` of the residual branches.
         stochastic_method: ``"block"`` or ``"sample"``.
         drop_rate: the (largest) drop probability, in ``[0, 1]``.
         drop_distribution: ``"linear"`` or ``"uniform"``.
@@ -189,7 +189,7 @@ class StochasticDepth(Algorithm, Surgery):
 
     def __init__(
         self,
-        target: Selector,
+        target: ModuleSelector,
         stochastic_method: Method = "block",
         drop_rate: float = 0.2,
         drop_distribution: Distribution = "linear",
@@ -211,21 +211,21 @@ class StochasticDepth(Algorithm, Surgery):
     events = frozenset({Event.BATCH_START})
     uses_elapsed = True
 
-    def match(self, event: Event, state: Context) -> bool:
+    def match(self, event: Event, ctx: Context) -> bool:
         return event == Event.BATCH_START and self.drop_warmup > 0
 
-    def apply(self, event: Event, state: Context) -> Context:
-        names = [k for k in state.buffers if k.endswith(SCALE)]
+    def apply(self, event: Event, ctx: Context) -> Context:
+        names = [k for k in ctx.buffers if k.endswith(SCALE)]
         if not names:
             raise RuntimeError(
                 f"{self.name}: the buffers hold no {SCALE}; apply the surgery first: "
                 "model = stochastic_depth(model), then split_module(model)"
             )
-        elapsed = torch.as_tensor(state.time.elapsed, dtype=torch.float32)
+        elapsed = torch.as_tensor(ctx.time.elapsed, dtype=torch.float32)
         factor = (elapsed / self.drop_warmup).clamp(max=1.0)
-        like = state.buffers[names[0]]
+        like = ctx.buffers[names[0]]
         factor = factor.to(device=like.device, dtype=like.dtype)
-        return state.replace(buffers={**state.buffers, **dict.fromkeys(names, factor)})
+        return ctx.replace(buffers={**ctx.buffers, **dict.fromkeys(names, factor)})
 
     def __repr__(self) -> str:
         return (

@@ -17,9 +17,9 @@ from torch import nn
 
 from sbfunc._frozen import Frozen
 
-__all__ = ["Selector", "Surgery", "matching_modules", "replace_modules", "selector"]
+__all__ = ["ModuleSelector", "Surgery", "matching_modules", "replace_modules", "selector"]
 
-Selector = type | tuple[type, ...] | Sequence[str] | Callable[[str, nn.Module], bool]
+ModuleSelector = type | tuple[type, ...] | Sequence[str] | Callable[[str, nn.Module], bool]
 """Which submodules a surgery targets: a class (or tuple of classes), a list of qualified
 names (as ``named_modules`` spells them) or a predicate ``(name, module) -> bool``."""
 
@@ -28,11 +28,11 @@ Replacement = Callable[[str, nn.Module], nn.Module | None]
 Composer's ``ReplacementFunction``."""
 
 
-def selector(target: Selector, arg: str = "target") -> Callable[[str, nn.Module], bool]:
+def selector(target: ModuleSelector, arg: str = "target") -> Callable[[str, nn.Module], bool]:
     """The predicate ``(name, module) -> bool`` that ``target`` describes.
 
     Raises:
-        TypeError: if ``target`` is none of the forms of :data:`Selector`.
+        TypeError: if ``target`` is none of the forms of :data:`ModuleSelector`.
 
     Example:
         >>> selector(torch.nn.Linear)("fc", torch.nn.Linear(1, 1))

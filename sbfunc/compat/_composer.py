@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -28,8 +29,30 @@ TENSOR_ERROR = (
 )
 
 
+MODULE_LOSS_NOTE = (
+    "loss_fun is called as loss_fun(output, target, reduction='none'); a loss module such as "
+    "nn.CrossEntropyLoss() takes no reduction= argument (Composer refuses it too): pass the "
+    "functional form, e.g. torch.nn.functional.cross_entropy"
+)
+
+
 def _is_real(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_loss_fun(loss_fun: object) -> None:
+    """Composer's two checks of ``loss_fun``, with its messages; a loss module is judged by
+    its ``forward`` (Composer reads the module's ``__call__``, ``(*args, **kwargs)``, and
+    refuses every module), so ``nn.CrossEntropyLoss()`` is refused as in Composer, with a note
+    naming the functional form."""
+    if not callable(loss_fun):
+        raise TypeError(CALLABLE_ERROR)
+    module = loss_fun if isinstance(loss_fun, nn.Module) else None
+    if not accepts_reduction(loss_fun if module is None else module.forward):
+        error = TypeError(REDUCTION_ERROR)
+        if module is not None and sys.version_info >= (3, 11):
+            error.add_note(MODULE_LOSS_NOTE)  # str(error) stays Composer's message
+        raise error
 
 
 def select_using_loss(
@@ -64,7 +87,10 @@ def select_using_loss(
         input: input tensor ``[N, ...]``.
         target: target tensor ``[N, ...]``.
         model: callable mapping input to output.
-        loss_fun: ``loss_fun(output, target, reduction='none')`` returning per-sample losses.
+        loss_fun: ``loss_fun(output, target, reduction='none')`` returning per-sample losses
+            (a function such as ``torch.nn.functional.cross_entropy``). A loss module whose
+            ``forward`` takes no ``reduction`` (``nn.CrossEntropyLoss()``, whatever its own
+            ``reduction``) is refused with Composer's message, as Composer refuses it.
         keep: fraction of rows kept, in (0, 1].
         scale_factor: spatial scale of the scoring input in (0, 1]; requires a 3-D/4-D/5-D
             input when not 1.
@@ -79,9 +105,11 @@ def select_using_loss(
         ValueError: if ``scale_factor != 1`` and the input is not 3-D/4-D/5-D, or
             ``scale_factor > 1`` (both with Composer's messages, checked in Composer's order);
             then if ``scale_factor`` is NaN or ``<= 0``, or ``keep`` is not in (0, 1].
-        TypeError: if ``loss_fun`` is not callable or does not accept ``reduction`` (Composer's
-            messages, ``"Loss function must be callable"`` and ``"Loss function `loss_fun`
-            must take a keyword argument `reduction`."``); then if ``input`` or ``target`` is
+        TypeError: if ``loss_fun`` is not callable or does not accept ``reduction``, a loss
+            module such as ``nn.CrossEntropyLoss()`` included (Composer's messages, ``"Loss
+            function must be callable"`` and ``"Loss function `loss_fun` must take a keyword
+            argument `reduction`."``, the latter with a note naming the functional form for a
+            module on Python 3.11+); then if ``input`` or ``target`` is
             not a tensor (a dict batch: the message gives the pure path,
             ``sbfunc.score.score_losses`` -> a policy -> ``sbfunc.batch.take``), if
             ``scale_factor`` or ``keep`` is not a number, or ``train`` is not ``None``/a bool or
@@ -109,10 +137,7 @@ def select_using_loss(
         raise ValueError(INPUT_RANK_ERROR.format(input.dim()))
     if _is_real(scale_factor) and scale_factor > 1:
         raise ValueError(SCALE_FACTOR_ERROR)
-    if not callable(loss_fun):
-        raise TypeError(CALLABLE_ERROR)
-    if not accepts_reduction(loss_fun):
-        raise TypeError(REDUCTION_ERROR)
+    _check_loss_fun(loss_fun)
     for name, value in (("input", input), ("target", target)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(TENSOR_ERROR.format(name, type(value).__name__))

@@ -9,20 +9,21 @@ sharded data and checkpoints (see ``docs/how-to/distributed.md``).
   rebalancing kept rows across ranks.
 * :func:`per_rank`: an algorithm drawing from its own stream on every rank (augmentations).
 * :func:`shard_ids`, :func:`sharded_batches`: each rank's slice of a keyed permutation.
-* :func:`save`, :func:`load`: one checkpoint per run, resumed bit for bit.
+* :func:`save_data_parallel`, :func:`load_data_parallel`: one checkpoint per run, resumed bit
+  for bit.
 * :class:`Comm`, :class:`TrafficMeter` and the ``*_traffic`` predictions: the bytes moved.
 
 Everything works without an initialised process group, as a world of one.
 """
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc.distributed._balance import ExchangePlan, balanced_counts, exchange_plan
 from sbfunc.distributed._checkpoint import (
     RankLocal,
     join_state,
-    load,
+    load_data_parallel,
     replica_mismatches,
-    save,
+    save_data_parallel,
     split_state,
 )
 from sbfunc.distributed._comm import DEFAULT_BUCKET_BYTES, Comm
@@ -52,7 +53,7 @@ __all__ = [
     "global_selection",
     "gradient_traffic",
     "join_state",
-    "load",
+    "load_data_parallel",
     "local_selection",
     "make_data_parallel_step",
     "mean_across_ranks",
@@ -61,7 +62,7 @@ __all__ = [
     "rank_key",
     "rebalance_traffic",
     "replica_mismatches",
-    "save",
+    "save_data_parallel",
     "shard_ids",
     "sharded_batches",
     "split_state",
@@ -69,5 +70,11 @@ __all__ = [
     "with_rows",
 ]
 
-
+__getattr__ = moved_names(
+    "sbfunc.distributed",
+    {
+        "save": "sbfunc.distributed:save_data_parallel",
+        "load": "sbfunc.distributed:load_data_parallel",
+    },
+)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

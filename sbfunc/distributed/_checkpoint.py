@@ -3,10 +3,11 @@
 Under :func:`make_data_parallel_step` the train state is the same on every rank (parameters,
 optimizer and policy states, the clock, the skip counter) except two *rank-local* parts:
 ``state.time``'s sample counters (each rank counts its own rows) and the refill queues of
-Selective Backprop (each rank queues its own kept rows). :func:`save` gathers the small local
-parts to rank 0, which writes one :mod:`sbfunc.checkpoint` file holding rank 0's state once and
-every rank's local part; :func:`load` gives every rank the shared state with its own local
-part back, so a run resumes bit for bit on the same world size.
+Selective Backprop (each rank queues its own kept rows). :func:`save_data_parallel` gathers
+the small local parts to rank 0, which writes one :mod:`sbfunc.checkpoint` file holding rank
+0's state once and every rank's local part; :func:`load_data_parallel` gives every rank the
+shared state with its own local part back, so a run resumes bit for bit on the same world
+size.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from sbfunc.distributed._comm import Comm
 from sbfunc.engine import TrainState
 from sbfunc.selective_backprop import Queue, empty_queue
 
-__all__ = ["RankLocal", "join_state", "load", "replica_mismatches", "save", "split_state"]
+__all__ = [
+    "RankLocal",
+    "join_state",
+    "load_data_parallel",
+    "replica_mismatches",
+    "save_data_parallel",
+    "split_state",
+]
 
 
 class RankLocal(NamedTuple):
@@ -110,7 +118,9 @@ def _cpu(tree: Any) -> Any:
     )
 
 
-def save(state: TrainState, path: str | os.PathLike[str], *, comm: Comm | None = None) -> None:
+def save_data_parallel(
+    state: TrainState, path: str | os.PathLike[str], *, comm: Comm | None = None
+) -> None:
     """Write a data-parallel train state once (from rank 0); every rank must call it.
 
     Rank 0 writes ``path`` atomically (:func:`sbfunc.checkpoint.save`): its state, and the
@@ -119,16 +129,16 @@ def save(state: TrainState, path: str | os.PathLike[str], *, comm: Comm | None =
 
     Args:
         state: this rank's state.
-        path: the file (on a file system every rank can read, for :func:`load`).
+        path: the file (on a file system every rank can read, for :func:`load_data_parallel`).
         comm: the :class:`Comm`; default ``Comm()``.
 
     Example:
         >>> import tempfile, pathlib
-        >>> from sbfunc.distributed import load, save
+        >>> from sbfunc.distributed import load_data_parallel, save_data_parallel
         >>> state = sbfunc.TrainState({"w": torch.ones(2)}, {}, sbfunc.random.key(0))
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "run.pt"
-        >>> save(state, path)  # one process here: rank 0 of a world of one
-        >>> load(path, like=state.replace(params={"w": torch.zeros(2)})).params
+        >>> save_data_parallel(state, path)  # one process here: rank 0 of a world of one
+        >>> load_data_parallel(path, like=state.replace(params={"w": torch.zeros(2)})).params
         {'w': tensor([1., 1.])}
 
     References:
@@ -148,11 +158,11 @@ def save(state: TrainState, path: str | os.PathLike[str], *, comm: Comm | None =
         dist.barrier(group=comm.group)
 
 
-def load(
+def load_data_parallel(
     path: str | os.PathLike[str], like: TrainState, *, comm: Comm | None = None
 ) -> TrainState:
-    """Read a file written by :func:`save` on every rank: the shared state with this rank's
-    local part, each tensor on the device of ``like``'s matching tensor.
+    """Read a file written by :func:`save_data_parallel` on every rank: the shared state with
+    this rank's local part, each tensor on the device of ``like``'s matching tensor.
 
     Args:
         path: the file.

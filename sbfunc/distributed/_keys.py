@@ -57,14 +57,14 @@ class _PerRank(Algorithm):
         part = self.part.for_step(loss_fn=loss_fn, per_sample=per_sample)
         return self if part is self.part else _PerRank(part, self.rank)
 
-    def match(self, event: Event, state: Context) -> Any:
-        return self.part.match(event, state)
+    def match(self, event: Event, ctx: Context) -> Any:
+        return self.part.match(event, ctx)
 
-    def apply(self, event: Event, state: Context) -> ApplyResult:
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
         out, code = unpack_result(
-            self.part.apply(event, state.replace(key=rank_key(state.key, self.rank))), self.part
+            self.part.apply(event, ctx.replace(key=rank_key(ctx.key, self.rank))), self.part
         )
-        out = out.replace(key=state.key)
+        out = out.replace(key=ctx.key)
         return out if code is None else (out, code)
 
     def __repr__(self) -> str:

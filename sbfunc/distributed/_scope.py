@@ -50,7 +50,7 @@ from sbfunc.batch import take
 from sbfunc.distributed._balance import exchange_plan
 from sbfunc.distributed._comm import Comm
 from sbfunc.distributed._packing import batch_rows, pack_rows, unpack_rows, with_rows
-from sbfunc.policies import Policy, PolicyState, check_scores
+from sbfunc.policies import Policy, PolicyState, SelectArgs, check_scores, select_args
 from sbfunc.score import SIGNALS, Signals, check_signals
 from sbfunc.select import Selection
 from sbfunc.types import PerSample
@@ -97,11 +97,7 @@ class _Scope:
         self,
         scores: torch.Tensor,
         state: PolicyState,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None,
-        epoch: int | torch.Tensor,
-        elapsed: float | torch.Tensor,
-        signals: Signals | None = None,
+        a: SelectArgs,
     ) -> _Chosen:
         raise NotImplementedError
 
@@ -109,35 +105,23 @@ class _Scope:
         self,
         scores: torch.Tensor,
         state: PolicyState,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None,
-        epoch: int | torch.Tensor,
-        elapsed: float | torch.Tensor,
-        signals: Signals | None = None,
+        a: SelectArgs,
     ) -> tuple[Selection, PolicyState]:
-        extra: dict[str, Any] = {"signals": signals} if self.policy.needs else {}  # 1.0: none
+        extra: dict[str, Any] = {"signals": a.signals} if self.policy.needs else {}  # 1.0: none
         return self.policy.select(
-            scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed, **extra
+            scores, state, key=a.key, ids=a.ids, epoch=a.epoch, elapsed=a.elapsed, **extra
         )
 
     def select(
-        self,
-        scores: torch.Tensor,
-        state: PolicyState,
-        *,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None = None,
-        epoch: int | torch.Tensor = 0,
-        elapsed: float | torch.Tensor = 0.0,
-        scored: torch.Tensor | None = None,
-        signals: Signals | None = None,
+        self, scores: torch.Tensor, state: PolicyState, /, **kwargs: Any
     ) -> tuple[Selection, PolicyState]:
         """This rank's rows of the selection (``Policy.select``)."""
+        a = select_args(**kwargs)
         check_scores(scores)
-        if scored is not None:
+        if a.scored is not None:
             raise ValueError(f"{self.kind}_selection scores every row: pass scored=None")
-        signals = self._needed(scores, signals)
-        sel, state, _ = self.choose(scores, state, key, ids, epoch, elapsed, signals)
+        a = a._replace(signals=self._needed(scores, a.signals))
+        sel, state, _ = self.choose(scores, state, a)
         return sel, state
 
     def prune(
@@ -145,23 +129,21 @@ class _Scope:
         batch: Any,
         scores: torch.Tensor,
         state: PolicyState,
+        /,
         *,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None = None,
-        epoch: int | torch.Tensor = 0,
-        elapsed: float | torch.Tensor = 0.0,
         per_sample: PerSample = None,
-        signals: Signals | None = None,
+        **kwargs: Any,
     ) -> tuple[Any, torch.Tensor | None, torch.Tensor, PolicyState]:
         """Select, take this rank's rows and move kept rows between ranks (``Policy.prune``)."""
+        a = select_args(**kwargs)
         if per_sample is not None:
             raise ValueError(
                 "per_sample is not supported with rebalance=True yet (rows are packed and "
                 "exchanged by the default rule); leave one of them out"
             )
         check_scores(scores)
-        signals = self._needed(scores, signals)
-        sel, state, kept = self.choose(scores, state, key, ids, epoch, elapsed, signals)
+        a = a._replace(signals=self._needed(scores, a.signals))
+        sel, state, kept = self.choose(scores, state, a)
         rows, weights = take(batch, sel.indices), sel.weights
         if self.comm.world == 1:
             return rows, weights, sel.indices, state
@@ -221,25 +203,22 @@ class _Local(_Scope):
         self,
         scores: torch.Tensor,
         state: PolicyState,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None,
-        epoch: int | torch.Tensor,
-        elapsed: float | torch.Tensor,
-        signals: Signals | None = None,
+        a: SelectArgs,
     ) -> _Chosen:
         comm = self.comm
         if comm.world == 1 or not _has_tensors(state):
-            mine_key = sbrandom.fold_in(key, comm.rank)
-            sel, state = self._inner(scores, state, mine_key, ids, epoch, elapsed, signals)
+            mine = a._replace(key=sbrandom.fold_in(a.key, comm.rank))
+            sel, state = self._inner(scores, state, mine)
             return sel, state, None
-        _, shards = self._gather(scores, ids, signals)
-        kept, mine = [], None
+        _, shards = self._gather(scores, a.ids, a.signals)
+        kept, chosen = [], None
         for r, (s, i, g) in enumerate(shards):  # every rank replays every shard, in rank order
-            sel, state = self._inner(s, state, sbrandom.fold_in(key, r), i, epoch, elapsed, g)
+            shard = a._replace(key=sbrandom.fold_in(a.key, r), ids=i, signals=g)
+            sel, state = self._inner(s, state, shard)
             kept.append(sel.indices.shape[0])
-            mine = sel if r == comm.rank else mine
-        assert mine is not None
-        return mine, state, kept
+            chosen = sel if r == comm.rank else chosen
+        assert chosen is not None
+        return chosen, state, kept
 
 
 class _Global(_Scope):
@@ -249,20 +228,16 @@ class _Global(_Scope):
         self,
         scores: torch.Tensor,
         state: PolicyState,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None,
-        epoch: int | torch.Tensor,
-        elapsed: float | torch.Tensor,
-        signals: Signals | None = None,
+        a: SelectArgs,
     ) -> _Chosen:
         if self.comm.world == 1:  # the global batch is this rank's: no bounds to read
-            sel, state = self._inner(scores, state, key, ids, epoch, elapsed, signals)
+            sel, state = self._inner(scores, state, a)
             return sel, state, [sel.indices.shape[0]]
-        sizes, shards = self._gather(scores, ids, signals)
+        sizes, shards = self._gather(scores, a.ids, a.signals)
         g_scores = torch.cat([s for s, _, _ in shards])
-        g_ids = None if ids is None else torch.cat([i for _, i, _ in shards if i is not None])
+        g_ids = None if a.ids is None else torch.cat([i for _, i, _ in shards if i is not None])
         g_signals = _concat_signals([g for _, _, g in shards])
-        sel, state = self._inner(g_scores, state, key, g_ids, epoch, elapsed, g_signals)
+        sel, state = self._inner(g_scores, state, a._replace(ids=g_ids, signals=g_signals))
         offsets = [0, *accumulate(sizes)]
         # Selection indices are sorted: each rank's kept rows are one stretch of them.
         edges = torch.tensor(offsets, dtype=sel.indices.dtype, device=sel.indices.device)

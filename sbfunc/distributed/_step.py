@@ -172,9 +172,9 @@ def make_data_parallel_step(
     rank; wrap algorithms that must draw differently per rank (augmentations) in
     :func:`per_rank`. Dropout draws per rank. ``state.time``'s sample counters count this
     rank's rows; everything else in the state is identical on every rank, except refill queues
-    (see :func:`sbfunc.distributed.save`). Compiled (``torch.compile(step)``, tested on two
-    ranks) the all-reduce is traced as functional collectives. Microbatching accumulates each
-    rank's chunks first, then all-reduces once.
+    (see :func:`sbfunc.distributed.save_data_parallel`). Compiled (``torch.compile(step)``,
+    tested on two ranks) the all-reduce is traced as functional collectives. Microbatching
+    accumulates each rank's chunks first, then all-reduces once.
 
     Args:
         loss_fn: as for :func:`sbfunc.make_train_step` (so are ``optimizer``, ``algorithms``,

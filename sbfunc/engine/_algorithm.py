@@ -12,7 +12,7 @@ from sbfunc.engine._state import Context
 __all__ = ["FLAGS", "Algorithm", "ApplyResult"]
 
 ApplyResult = Context | tuple[Context, int | None]
-"""What ``apply`` returns: a new state, or ``(state, exit_code)`` to record a code in the trace."""
+"""What ``apply`` returns: a new context, or ``(ctx, exit_code)`` to record a code in the trace."""
 
 FLAGS: tuple[str, ...] = (
     "backwards_create_graph",
@@ -32,16 +32,17 @@ class Algorithm(Frozen):
 
     * ``init(key)`` returns the algorithm's persistent state (``None`` for none); the step
       stores it in ``TrainState.algorithm_state`` at the algorithm's position in the list.
-    * ``match(event, state)`` says whether to run. The engine calls it on the host, before the
-      step's tensor work, so decide from ``state.time``, the event and the algorithm's own
+    * ``match(event, ctx)`` says whether to run. The engine calls it on the host, before the
+      step's tensor work, so decide from ``ctx.time``, the event and the algorithm's own
       configuration, never from tensor values (a compiled step would have to sync and
       recompile). Any truthy value means yes; combinators return their parts' decisions, which
-      ``apply`` reads back as ``state.matched``.
-    * ``apply(event, state)`` returns a **new** state (never mutating its input) or, to report
-      an exit code, ``(new_state, exit_code)``. It sees its own persistent state as
-      ``state.own``, its per-batch scratch as ``state.scratch`` and its own key for this step
-      and event as ``state.key``; it changes them with ``state.replace(...)``. Inside a step
-      ``state.time`` holds 0-d tensors (read it there, never a Python number).
+      ``apply`` reads back as ``ctx.matched``. The default ``match`` runs on every event of
+      ``events``: an algorithm that declares its events needs no ``match`` of its own.
+    * ``apply(event, ctx)`` returns a **new** :class:`Context` (never mutating its input) or,
+      to report an exit code, ``(new_ctx, exit_code)``. It sees its own persistent state as
+      ``ctx.own``, its per-batch scratch as ``ctx.scratch`` and its own key for this step and
+      event as ``ctx.key``; it changes them with ``ctx.replace(...)``. Inside a step
+      ``ctx.time`` holds 0-d tensors (read it there, never a Python number).
 
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``
@@ -50,7 +51,7 @@ class Algorithm(Frozen):
     batch's sequences: the passes run it before everything, sample selection included).
     ``uses_key`` (default ``True``) says
     whether ``apply`` draws randomness: a deterministic algorithm sets it to ``False`` and the
-    engine skips deriving its key (``state.key`` is then ``None``), which saves a Threefry
+    engine skips deriving its key (``ctx.key`` is then ``None``), which saves a Threefry
     block per application in eager steps. ``name`` is the class name unless the
     class body or the constructor sets one (:meth:`renamed` gives a copy with another); it
     labels traces and, with the algorithm's rank among same-named algorithms, derives its
@@ -66,13 +67,14 @@ class Algorithm(Frozen):
         >>> class CountSteps(Algorithm):
         ...     def init(self, key):
         ...         return 0
-        ...     def match(self, event, state):
-        ...         return event == Event.BATCH_END
-        ...     def apply(self, event, state):
-        ...         return state.replace(own=state.own + 1)
+        ...     events = frozenset({Event.BATCH_END})  # match: on these events
+        ...     def apply(self, event, ctx):
+        ...         return ctx.replace(own=ctx.own + 1)
         >>> alg = CountSteps()
-        >>> state = sbfunc.Context(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
-        >>> alg.apply(Event.BATCH_END, state).own
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), own=alg.init(sbfunc.random.key(0)))
+        >>> alg.match(Event.BATCH_END, ctx), alg.match(Event.EPOCH_END, ctx)
+        (True, False)
+        >>> alg.apply(Event.BATCH_END, ctx).own
         1
         >>> alg.renamed("counter")
         CountSteps(name='counter')
@@ -92,13 +94,15 @@ class Algorithm(Frozen):
     fuses_layernorm: bool = False
     changes_sequence_length: bool = False
     uses_key: bool = True
-    """Whether ``apply`` reads ``state.key`` (``False``: the engine passes ``None``)."""
+    """Whether ``apply`` reads ``ctx.key`` (``False``: the engine passes ``None``)."""
     uses_elapsed: bool = False
     """Whether ``match`` decides from ``time.elapsed`` (the fraction of training done): a step
     with such an algorithm refuses to run until the run's length is known."""
     events: frozenset[Event] | None = None
     """The events ``match`` can accept (``None``: any). The engine calls ``match`` only on
-    these, so declaring them keeps a step's host work independent of the number of events."""
+    these, so declaring them keeps a step's host work independent of the number of events;
+    the default ``match`` accepts exactly these (a subclass sets ``events``, ``match`` or
+    both)."""
     parts: tuple[Algorithm, ...] = ()
     """Sub-algorithms (set by combinators)."""
     name: str = "Algorithm"
@@ -110,6 +114,8 @@ class Algorithm(Frozen):
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = cls.__name__
+        if cls.events is not None and getattr(cls.match, "__isabstractmethod__", False):
+            cls.match = _match_declared_events  # type: ignore[method-assign]
 
     def init(self, key: Any) -> Any:
         """The algorithm's own initial state, or ``None`` for none (the default).
@@ -127,12 +133,15 @@ class Algorithm(Frozen):
         return None
 
     @abstractmethod
-    def match(self, event: Event, state: Context) -> Any:
-        """Whether to run on ``event`` (truthy: yes); decided on the host from ``state.time``."""
+    def match(self, event: Event, ctx: Context) -> Any:
+        """Whether to run on ``event`` (truthy: yes); decided on the host from ``ctx.time``.
+
+        A subclass that declares ``events`` and no ``match`` gets ``event in self.events``;
+        one that declares neither stays abstract (it cannot be built)."""
 
     @abstractmethod
-    def apply(self, event: Event, state: Context) -> ApplyResult:
-        """Return the new state, or ``(new_state, exit_code)``; never mutate ``state``."""
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
+        """Return the new context, or ``(new_ctx, exit_code)``; never mutate ``ctx``."""
 
     def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         """This algorithm set up for a training step with ``loss_fn`` and ``per_sample``.
@@ -173,3 +182,9 @@ class Algorithm(Frozen):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
+
+
+def _match_declared_events(self: Algorithm, event: Event, ctx: Context) -> bool:
+    """The default ``match`` of an algorithm that declares ``events``: run on every one."""
+    assert self.events is not None  # set only on classes that declare events
+    return event in self.events

@@ -66,18 +66,18 @@ class SequenceAlgorithm(Algorithm):
             p.init(sbrandom.fold_in(key, s)) for p, s in zip(self.parts, self.streams, strict=True)
         )
 
-    def match(self, event: Event, state: Context) -> Any:
-        own, scratch = self._items(state.own), self._items(state.scratch)
+    def match(self, event: Event, ctx: Context) -> Any:
+        own, scratch = self._items(ctx.own), self._items(ctx.scratch)
         decisions = tuple(
-            p.match(event, state.replace(own=own[i], scratch=scratch[i]))
+            p.match(event, ctx.replace(own=own[i], scratch=scratch[i]))
             for i, p in enumerate(self.parts)
         )
         return decisions if any(decisions) else False
 
-    def apply(self, event: Event, state: Context) -> ApplyResult:
-        decisions = state.matched
-        own, scratch = self._items(state.own), self._items(state.scratch)
-        key, code = state.key, None
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
+        decisions = ctx.matched
+        own, scratch = self._items(ctx.own), self._items(ctx.scratch)
+        key, code = ctx.key, None
         for i, part in enumerate(self.parts):
             if not decisions[i]:
                 continue
@@ -86,17 +86,15 @@ class SequenceAlgorithm(Algorithm):
                 if key is None or not part.uses_key
                 else sbrandom.fold_in(key, self.streams[i])
             )
-            view = state.replace(
-                own=own[i], scratch=scratch[i], matched=decisions[i], key=part_key
-            )
+            view = ctx.replace(own=own[i], scratch=scratch[i], matched=decisions[i], key=part_key)
             out, part_code = unpack_result(part.apply(event, view), part)
             own[i], scratch[i] = out.own, out.scratch
             code = part_code if part_code is not None else code
-            state = out
-        state = state.replace(
+            ctx = out
+        ctx = ctx.replace(
             own=self._pack(own), scratch=self._pack(scratch), matched=decisions, key=key
         )
-        return state if code is None else (state, code)
+        return ctx if code is None else (ctx, code)
 
     def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         parts = tuple(p.for_step(loss_fn=loss_fn, per_sample=per_sample) for p in self.parts)
@@ -215,11 +213,11 @@ class _Gated(Algorithm):
     def init(self, key: Any) -> Any:
         return self.part.init(key)
 
-    def match(self, event: Event, state: Context) -> Any:
-        return self.gate(event, state) and self.part.match(event, state)
+    def match(self, event: Event, ctx: Context) -> Any:
+        return self.gate(event, ctx) and self.part.match(event, ctx)
 
-    def apply(self, event: Event, state: Context) -> ApplyResult:
-        return self.part.apply(event, state)
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
+        return self.part.apply(event, ctx)
 
     def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
         part = self.part.for_step(loss_fn=loss_fn, per_sample=per_sample)
@@ -340,8 +338,8 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
     check_int(n, "n", low=1)
     check_int(offset, "offset", low=0)
 
-    def gate(event: Event, state: Context) -> bool:
-        step = state.time.step
+    def gate(event: Event, ctx: Context) -> bool:
+        step = ctx.time.step
         return step >= offset and (step - offset) % n == 0
 
     return _Gated(algorithm, gate, f"every_n_steps(n={n}, offset={offset})")

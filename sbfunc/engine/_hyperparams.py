@@ -68,8 +68,8 @@ class _Injected(Algorithm):
         _LAST_BUILT[self] = (values, alg)
         return alg
 
-    def _current(self, state: Context) -> tuple[dict[str, Any], Algorithm]:
-        values = self._values(state.time.elapsed, state.own[0])
+    def _current(self, ctx: Context) -> tuple[dict[str, Any], Algorithm]:
+        values = self._values(ctx.time.elapsed, ctx.own[0])
         return values, self._build(values)
 
     def for_step(self, *, loss_fn: Any, per_sample: Any) -> Algorithm:
@@ -80,20 +80,20 @@ class _Injected(Algorithm):
         values = self._values(0.0, self.initial)
         return values, self._build(values).init(key)
 
-    def match(self, event: Event, state: Context) -> Any:
-        values, alg = self._current(state)
-        decision = alg.match(event, state.replace(own=state.own[1]))
+    def match(self, event: Event, ctx: Context) -> Any:
+        values, alg = self._current(ctx)
+        decision = alg.match(event, ctx.replace(own=ctx.own[1]))
         # The values travel to apply in the decision: apply sees the time as tensors.
         return _Decided(tuple(values.items()), decision) if decision else decision
 
-    def apply(self, event: Event, state: Context) -> ApplyResult:
-        matched = state.matched
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
+        matched = ctx.matched
         if isinstance(matched, _Decided):
             values = dict(matched.values)
-            alg, state = self._build(values), state.replace(matched=matched.decision)
+            alg, ctx = self._build(values), ctx.replace(matched=matched.decision)
         else:  # applied directly, without match: the time is the host's
-            values, alg = self._current(state)
-        out, code = unpack_result(alg.apply(event, state.replace(own=state.own[1])), alg)
+            values, alg = self._current(ctx)
+        out, code = unpack_result(alg.apply(event, ctx.replace(own=ctx.own[1])), alg)
         out = out.replace(own=(values, out.own))
         return out if code is None else (out, code)
 

@@ -55,8 +55,9 @@ class Carry(NamedTuple):
 
     def outliving(self) -> Carry:
         """This carry with only what outlives the step: the context's persistent fields
-        (parameters, buffers, optimizer state) and its two step counts (``samples_scored``,
-        ``rows_unscorable``), the algorithms' states and the traces. The per-batch values
+        (parameters, buffers, optimizer state), its two step counts (``samples_scored``,
+        ``rows_unscorable``) and the selection it made (``kept``), the algorithms' states and
+        the traces. The per-batch values
         (batch, outputs, losses, gradients, scratches, keys, the time tensors) are dropped, so
         a compiled step neither returns nor materialises them."""
         c = self.context
@@ -67,6 +68,7 @@ class Carry(NamedTuple):
             c.opt_state,
             samples_scored=c.samples_scored,
             rows_unscorable=c.rows_unscorable,
+            kept=c.kept,
         )
         return Carry(kept, self.algorithm_state, (None,) * len(self.scratch), self.traces)
 

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sbfunc.select import Selection
 from sbfunc.types import Params
 from sbfunc.validation import check_int
 
@@ -203,6 +204,10 @@ class Context(NamedTuple):
             scored (a non-finite score or input), a 0-d ``int64`` tensor on the device;
             ``None`` while no selection ran. The step adds it to ``rows_nonfinite``
             (:class:`sbfunc.step.StepMetrics`, :class:`Time`).
+        kept: the rows a selection kept, a :class:`~sbfunc.select.Selection` of indices into
+            the batch it selected from (the step's batch, unless an algorithm before it pruned
+            that) and the kept rows' loss weights (or ``None``); ``None`` while no selection
+            ran. The step reports it as ``StepMetrics.kept``.
 
     Which event may change which field: :mod:`sbfunc.engine`.
 
@@ -231,6 +236,7 @@ class Context(NamedTuple):
     sample_weights: torch.Tensor | None = None
     samples_scored: int = 0
     rows_unscorable: torch.Tensor | None = None
+    kept: Selection | None = None
 
     def replace(self, **changes: Any) -> Context:
         """A new state with ``changes`` applied; raises ``TypeError`` naming an unknown field.

@@ -30,7 +30,7 @@ _UP_TO_BACKWARD = frozenset(  # AFTER_DATALOADER ... BEFORE_BACKWARD
 _LOSS = frozenset({Event.AFTER_LOSS, Event.BEFORE_BACKWARD})
 _BATCH_VALUES = ("batch", "outputs", "loss", "losses", "grads", "sample_weights")
 
-_COUNTERS = {"time": _NEVER, "samples_scored": _NEVER, "rows_unscorable": _NEVER}
+_COUNTERS = {"time": _NEVER, "samples_scored": _NEVER, "rows_unscorable": _NEVER, "kept": _NEVER}
 OUTSIDE_STEP: Writable = _COUNTERS | {f: _NEVER for f in _BATCH_VALUES}
 """Outside a step (``INIT``, ``EPOCH_END``, ...) only ``params``, ``buffers``,
 ``opt_state`` and the algorithm's own state are kept."""

@@ -30,7 +30,7 @@ from sbfunc.per_sample._loss_hessian import draw_noise, element_weight, sampled_
 from sbfunc.per_sample._request import (
     Chunk,
     Curvature,
-    check_output,
+    check_curvature_output,
     chunks,
     curvature,  # noqa: F401  (the examples build requests)
 )
@@ -124,7 +124,7 @@ def _chunk(
     diff = {k: params[k].detach().requires_grad_() for k in names}
     with torch.enable_grad(), LayerRecorder({id(t): k for k, t in diff.items()}, m) as rec:
         out = c.loss_fn.forward({**params, **diff}, buffers, batch)
-    check_output(c, out, m)
+    check_curvature_output(c, out, m)
     v = hessian(out.detach())
     r = v.shape[0]
     covered = rec.covered()

@@ -19,7 +19,7 @@ import torch
 from sbfunc.per_sample._factors import factor_iter, transform
 from sbfunc.per_sample._intercept import LayerRecorder
 from sbfunc.per_sample._loss_hessian import element_weight, hessian_vector
-from sbfunc.per_sample._request import Chunk, Curvature, check_output, chunks, curvature
+from sbfunc.per_sample._request import Chunk, Curvature, check_curvature_output, chunks, curvature
 from sbfunc.per_sample._sqrt_ggn import KeyedTransform
 from sbfunc.per_sample._transforms import PerSampleTransform
 from sbfunc.types import Params, PerSample
@@ -253,7 +253,7 @@ def _gvp_chunk(
     with torch.enable_grad():
         with LayerRecorder({}, part.m):  # refuses train-mode BatchNorm (it couples samples)
             out = c.loss_fn.forward({**params, **diff}, buffers, part.batch)
-        check_output(c, out, part.m)
+        check_curvature_output(c, out, part.m)
         try:
             u = torch.zeros_like(out, requires_grad=True)
             jtu = torch.autograd.grad(out, inputs, u, create_graph=True, materialize_grads=True)

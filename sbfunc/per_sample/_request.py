@@ -18,7 +18,7 @@ from sbfunc.per_sample._loss_hessian import Kind, criterion_kind
 from sbfunc.types import Params, PerSample
 from sbfunc.validation import check_choice, check_int, describe
 
-__all__ = ["Chunk", "Curvature", "check_output", "chunks", "curvature", "select"]
+__all__ = ["Chunk", "Curvature", "check_curvature_output", "chunks", "curvature", "select"]
 
 
 class Curvature(NamedTuple):
@@ -114,7 +114,7 @@ def select(subsampling: Any, n: int) -> torch.Tensor | None:
     return None if subsampling is None else check_subsampling(subsampling, n)
 
 
-def check_output(c: Curvature, out: Any, m: int) -> None:
+def check_curvature_output(c: Curvature, out: Any, m: int) -> None:
     """Check that the model output is a tensor ``[m, ...]`` (``[m, C, ...]`` for cross-entropy).
 
     Args:
@@ -129,7 +129,7 @@ def check_output(c: Curvature, out: Any, m: int) -> None:
     Example:
         >>> loss_fn = sbfunc.per_sample_loss(torch.nn.Identity(), torch.nn.functional.mse_loss)
         >>> c = curvature(loss_fn, reduction="mean", mc_samples=None, wrt=None, per_sample=None)
-        >>> check_output(c, torch.zeros(3, 2), 4)
+        >>> check_curvature_output(c, torch.zeros(3, 2), 4)
         Traceback (most recent call last):
         ...
         ValueError: the model output must be a tensor [4, ...] for a chunk of 4 samples, got ...

@@ -42,6 +42,7 @@ from sbfunc.policies._base import (
     check_scores,
     horvitz_thompson,
     make_policy,
+    select_args,
     stateless,
 )
 from sbfunc.policies._bayesian import BayesianState, bayesian
@@ -97,6 +98,7 @@ __all__ = [
     "rank_power_indices",
     "rank_power_log_weights",
     "rho_loss",
+    "select_args",
     "stale_sb",
     "stateless",
     "tau_threshold",

@@ -30,6 +30,7 @@ __all__ = [
     "check_scores",
     "horvitz_thompson",
     "make_policy",
+    "select_args",
     "stateless",
 ]
 
@@ -50,17 +51,10 @@ class SelectPolicy(Protocol):
     """
 
     def __call__(
-        self,
-        scores: torch.Tensor,
-        state: PolicyState,
-        *,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None = None,
-        epoch: int | torch.Tensor = 0,
-        elapsed: float | torch.Tensor = 0.0,
-        scored: torch.Tensor | None = None,
-        signals: Signals | None = None,
-    ) -> tuple[Selection, PolicyState]: ...
+        self, scores: torch.Tensor, state: PolicyState, /, **args: Any
+    ) -> tuple[Selection, PolicyState]:
+        """``args``: the fields of :class:`SelectArgs` by name (``key`` required)."""
+        ...
 
 
 ScoreRows = Callable[[PolicyState, torch.Tensor | None, "int | torch.Tensor"], torch.Tensor]
@@ -193,7 +187,9 @@ def check_ids(ids: torch.Tensor | None, n: int, policy: str) -> torch.Tensor:
         policy: the policy's name, for the message.
 
     Raises:
-        ValueError: if ``ids`` is missing or has the wrong shape.
+        ValueError: if ``ids`` is missing (the message names both fixes:
+            ``SelectiveBackprop(ids="<batch field>")`` and ``select(..., ids=...)``) or has
+            the wrong shape.
         TypeError: if ``ids`` is not an integer tensor.
 
     Example:
@@ -203,8 +199,10 @@ def check_ids(ids: torch.Tensor | None, n: int, policy: str) -> torch.Tensor:
     """
     if ids is None:
         raise ValueError(
-            f"{policy} needs sample ids: pass ids=<int64 Tensor[N]> (the dataset index of every "
-            "row) to select"
+            f"{policy} needs sample ids, the dataset index of every row: with "
+            "sbfunc.SelectiveBackprop, name the batch field that holds them, "
+            'SelectiveBackprop(ids="<field holding each row\'s dataset index>"); calling the '
+            "policy directly, pass select(..., ids=<int64 Tensor[N]>)"
         )
     if not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise TypeError(f"ids must be an integer Tensor[N], got {ids!r:.60}")
@@ -296,6 +294,29 @@ class SelectArgs(NamedTuple):
     signals: Signals | None = None
 
 
+def select_args(**kwargs: Any) -> SelectArgs:
+    """``Policy.select``'s keyword arguments as a :class:`SelectArgs`: the one definition of
+    what ``select`` takes besides the scores and the state.
+
+    Raises:
+        TypeError: for a missing ``key`` or a keyword ``select`` does not take, naming the
+            keywords it does.
+
+    Example:
+        >>> from sbfunc.policies import select_args
+        >>> select_args(key=sbfunc.random.key(0), epoch=3).epoch
+        3
+    """
+    unknown = sorted(set(kwargs) - set(SelectArgs._fields))
+    if unknown or "key" not in kwargs:
+        problem = f"unexpected keywords {unknown}" if unknown else "no key"
+        raise TypeError(
+            f"select() got {problem}; it takes key=<sbfunc.random key> and optionally "
+            f"{', '.join(f for f in SelectArgs._fields if f != 'key')}"
+        )
+    return SelectArgs(**kwargs)
+
+
 def make_policy(
     init: Callable[[], PolicyState],
     rule: Callable[[torch.Tensor, Any, SelectArgs], tuple[Selection, Any]],
@@ -321,16 +342,10 @@ def make_policy(
     """
 
     def select(
-        scores: torch.Tensor,
-        state: PolicyState,
-        *,
-        key: sbrandom.Key,
-        ids: torch.Tensor | None = None,
-        epoch: int | torch.Tensor = 0,
-        elapsed: float | torch.Tensor = 0.0,
-        scored: torch.Tensor | None = None,
-        signals: Signals | None = None,
+        scores: torch.Tensor, state: PolicyState, /, **kwargs: Any
     ) -> tuple[Selection, PolicyState]:
+        args = select_args(**kwargs)
+        scored, signals = args.scored, args.signals
         scores = as_scores(scores)  # integer and bool scores as floats
         if scores.shape[0] == 0:  # an empty batch: nothing to select, nothing learned
             return Selection(torch.zeros(0, dtype=torch.int64, device=scores.device)), state
@@ -340,8 +355,7 @@ def make_policy(
                 f"{scored.dtype} of shape {tuple(scored.shape)}"
             )
         if needed:
-            signals = check_signals(signals, needed, scores.shape[0])
-        args = SelectArgs(key, ids, epoch, elapsed, scored, signals)
+            args = args._replace(signals=check_signals(signals, needed, scores.shape[0]))
         return rule(scores, follow(state, scores), args)
 
     needed = check_needs(needs)

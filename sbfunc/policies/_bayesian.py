@@ -12,6 +12,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
 from sbfunc.policies._last_layer import last_layer_errors
+from sbfunc.policies._tables import id_table, lookup_by_id
 from sbfunc.score import Signals
 from sbfunc.select import Selection, check_keep, kept_count, top_k_indices
 from sbfunc.validation import check_fraction, check_int, check_real, check_tensor
@@ -89,8 +90,9 @@ def bayesian(
 
     ``reference[id]`` is ``log p_ref(y|x)`` of sample ``id`` under a reference model (minus
     RHO-LOSS's irreducible loss; the paper's zero-shot CLIP), a per-id table in the state as
-    :func:`~sbfunc.policies.rho_loss` keeps it (ids required). With ``reference=None`` the term
-    is dropped, which selects the same rows as a uniform reference (a constant ``-log C``).
+    :func:`~sbfunc.policies.rho_loss` keeps it (ids required, in ``[0, len(reference))``,
+    checked as there). With ``reference=None`` the term is dropped, which selects the same rows
+    as a uniform reference (a constant ``-log C``).
 
     Needs the signals ``logits``, ``features`` and ``targets`` (class indices); the scores are
     read only for their finiteness (the loss is the cross-entropy of the logits): a row with a
@@ -106,8 +108,8 @@ def bayesian(
         keep: fraction kept, in (0, 1] (the code's ``select_rate``, 0.1).
         num_features: ``D``, the width of the head's input.
         num_classes: ``C``, the number of logits.
-        reference: ``Tensor[M]`` floating, the reference log-likelihood by sample id, or
-            ``None``.
+        reference: ``Tensor[M]`` floating, the reference log-likelihood by sample id (one
+            entry per dataset index), or ``None``.
         alpha: the weight of the model's own term, in [0, 1] (code: 0.5 by default, 0.2 for
             CIFAR-10 and 0.3 for CIFAR-100 in its README).
         draws: Monte-Carlo draws of the logits per row (code: 256).
@@ -122,9 +124,10 @@ def bayesian(
 
     Raises:
         TypeError: for an argument of the wrong type.
-        ValueError: for an argument out of range; at ``select``, for missing signals, signals
-            of another width than ``num_features`` / ``num_classes``, or missing ``ids`` with a
-            ``reference``.
+        ValueError: for an argument out of range (an empty ``reference``); at ``select``, for
+            missing signals, signals of another width than ``num_features`` /
+            ``num_classes``, missing ``ids`` with a ``reference``, or (CPU ids, eager code) an
+            id outside ``[0, len(reference))``.
 
     Example:
         >>> from sbfunc.policies import bayesian
@@ -157,9 +160,8 @@ def bayesian(
     )
     table = None
     if reference is not None:
-        fix = "index it by sample id: Tensor[M] of log p_ref(y|x)"
-        table = (
-            check_tensor(reference, "reference", dim=1, floating=True, fix=fix).detach().clone()
+        table = id_table(
+            reference, "reference", "index it by sample id: Tensor[M] of log p_ref(y|x)"
         )
 
     def init() -> BayesianState:
@@ -173,8 +175,8 @@ def bayesian(
         signals = _checked(a.signals, dims)
         reference_ll = None
         if state.reference is not None:
-            ids = check_ids(a.ids, scores.shape[0], "bayesian").to(state.reference.device)
-            reference_ll = state.reference.index_select(0, ids)
+            ids = check_ids(a.ids, scores.shape[0], "bayesian")
+            reference_ll = lookup_by_id(state.reference, ids, "reference", "bayesian")
         noise_key, tie_key = sbrandom.split(a.key)
         objective = _objective(scores, signals, state, reference_ll, noise_key, cfg)
         tie_noise = sbrandom.bits(tie_key, (scores.shape[0],), device=scores.device)

@@ -130,10 +130,19 @@ def _finite_gram(gram: torch.Tensor) -> torch.Tensor:
     return torch.where(bad.unsqueeze(0) | bad.unsqueeze(1) | ~torch.isfinite(g), 0.0, g)
 
 
+_ROUNDING = 128
+"""The residual counts as zero below ``_ROUNDING * eps * (||sum_i g_i||^2 + trace)``, the
+rounding level of the computed ``||r||^2``: on float32 problems whose exact residual is zero
+it stays under about ``70 eps`` times that scale (random rank-deficient Gram matrices, rows'
+norms spread over decades), while ``sqrt(eps)`` (2896 eps in float32) hid residuals the
+greedy still resolves."""
+
+
 class _Consts(NamedTuple):
     """What every step reads: the Gram matrix, the tie order (higher first), the relative
-    tolerance, the squared residual norm below which the sum counts as covered, and each
-    row's squared norm below which its new part counts as nothing."""
+    tolerance of near-ties, the squared residual norm below which the sum counts as covered
+    (rounding level), and each row's squared norm below which its new part counts as
+    nothing."""
 
     gram: torch.Tensor
     prio: torch.Tensor
@@ -149,7 +158,8 @@ def _consts(g: torch.Tensor, key: Key | None) -> _Consts:
         prio = -torch.arange(n, device=g.device, dtype=torch.float32)
     else:
         prio = sbrandom.uniform(key, (n,), device=g.device)
-    covered = rtol * g.sum() + eps * n * diag.sum()  # g.sum(): the summed row's norm squared
+    # g.sum(): the summed row's norm squared; below this the residual is rounding only
+    covered = _ROUNDING * eps * (g.sum() + diag.sum())
     return _Consts(g, prio, rtol, covered, rtol * diag + eps * diag.amax())
 
 
@@ -193,8 +203,9 @@ def divbs_indices(gram: torch.Tensor, k: int, *, key: Key | None = None) -> torc
     factorisation of ``gram`` (each ``<q_t, g_i>``): ``O(k^2 N)`` work, fixed shapes, no host
     reads (a Python loop of ``k`` steps of a few vector operations). Rows scoring within a
     relative ``sqrt(eps)`` of the best tie.
-    Once ``r`` is covered (to a relative ``sqrt(eps)``: the sum lies in the kept rows' span),
-    the rows that still add a new direction come first, then the rest (duplicates, zero
+    Once ``r`` is covered (``||r||^2`` at rounding level, ``128 eps`` times
+    ``||sum_i g_i||^2 + trace``: the sum lies in the kept rows' span, in float32 as in
+    float64), the rows that still add a new direction come first, then the rest (duplicates, zero
     features), each time in the key's random order (``key=None``: lowest index first). Rows
     with a non-finite Gram entry count as zero features.
 

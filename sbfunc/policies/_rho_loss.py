@@ -7,9 +7,9 @@ from typing import NamedTuple
 import torch
 
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
+from sbfunc.policies._tables import id_table, lookup_by_id
 from sbfunc.policies._top_k import top_k_selection
 from sbfunc.select import Selection, check_keep
-from sbfunc.validation import check_tensor
 
 __all__ = ["RhoState", "rho_loss"]
 
@@ -37,19 +37,25 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
 
     ``irreducible[i]`` is the loss of sample id ``i`` under a model trained on holdout data
     (precomputed once). Mislabelled samples have a high irreducible loss too, so unlike
-    loss-based selection RHO-LOSS does not chase them. Needs ``ids``. ``weights=None``. The
-    table is the policy's state (:class:`RhoState`), not a constant of the policy: a compiled
-    step serves any table, which can be swapped in the train state.
+    loss-based selection RHO-LOSS does not chase them. Needs ``ids`` (with
+    :class:`sbfunc.SelectiveBackprop`: ``ids="<batch field>"``), every one in
+    ``[0, len(irreducible))``: checked where reading the ids is free (CPU ids, eager code);
+    inside a compiled step or for ids on an accelerator they are not read, and an id out of
+    range is torch's indexing error. ``weights=None``. The table is the policy's state
+    (:class:`RhoState`), not a constant of the policy: a compiled step serves any table, which
+    can be swapped in the train state.
 
     Args:
         keep: fraction kept, in (0, 1].
-        irreducible: ``Tensor[M]`` of irreducible losses indexed by sample id (kept on its
-            device; the looked-up values move to the scores' device).
+        irreducible: ``Tensor[M]`` of irreducible losses indexed by sample id, one entry per
+            dataset index (kept on its device; the looked-up values move to the scores'
+            device).
 
     Raises:
         TypeError: for ``keep`` not a number, or ``irreducible`` not a floating tensor.
-        ValueError: for ``keep`` outside (0, 1] or ``irreducible`` not 1-D; at ``select``,
-            without ``ids``.
+        ValueError: for ``keep`` outside (0, 1] or ``irreducible`` not 1-D or empty; at
+            ``select``, without ``ids``, or (CPU ids, eager code) for an id outside
+            ``[0, len(irreducible))``.
 
     Example:
         >>> from sbfunc.policies import rho_loss
@@ -64,17 +70,14 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
         Learning, and Not Yet Learnt".
     """
     keep = check_keep(keep)
-    check_tensor(
-        irreducible, "irreducible", dim=1, floating=True, fix="index it by sample id, Tensor[M]"
-    )
-    table = irreducible.detach().clone()
+    table = id_table(irreducible, "irreducible", "index it by sample id, Tensor[M]")
 
     def init() -> RhoState:
         return RhoState(table)
 
     def rule(scores: torch.Tensor, state: RhoState, a: SelectArgs) -> tuple[Selection, RhoState]:
-        ids = check_ids(a.ids, scores.shape[0], "rho_loss").to(state.irreducible.device)
-        reducible = scores - state.irreducible.index_select(0, ids).to(scores)
-        return top_k_selection(reducible, keep, a.key), state
+        ids = check_ids(a.ids, scores.shape[0], "rho_loss")
+        ref = lookup_by_id(state.irreducible, ids, "irreducible", "rho_loss")
+        return top_k_selection(scores - ref.to(scores), keep, a.key), state
 
     return make_policy(init, rule)

@@ -6,7 +6,8 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.validation import check_int
+from sbfunc._tracing import host_readable
+from sbfunc.validation import check_int, check_tensor
 
 __all__ = [
     "LossHistory",
@@ -14,6 +15,8 @@ __all__ = [
     "history_cdf",
     "history_init",
     "history_push",
+    "id_table",
+    "lookup_by_id",
     "table_init",
     "table_lookup",
     "table_needs",
@@ -243,3 +246,70 @@ def table_record(
     """
     finite = torch.isfinite(losses)
     return table_update(table, ids, losses, epoch, mask=finite if mask is None else mask & finite)
+
+
+def id_table(table: torch.Tensor, name: str, fix: str) -> torch.Tensor:
+    """A private copy of a per-id table given to a policy as ``name``: checked to be a
+    non-empty 1-D floating tensor (one entry per sample id), detached and cloned.
+
+    Raises:
+        TypeError: for a table that is not a floating tensor.
+        ValueError: for a table that is not 1-D, or empty.
+
+    Example:
+        >>> id_table(torch.zeros(0), "irreducible", "index it by sample id")
+        Traceback (most recent call last):
+        ...
+        ValueError: irreducible must have one entry per sample id, got an empty tensor: ...
+    """
+    check_tensor(table, name, dim=1, floating=True, fix=fix)
+    if table.shape[0] == 0:
+        raise ValueError(f"{name} must have one entry per sample id, got an empty tensor: {fix}")
+    return table.detach().clone()
+
+
+def lookup_by_id(table: torch.Tensor, ids: torch.Tensor, name: str, policy: str) -> torch.Tensor:
+    """``table[ids]`` on ``table``'s device, for a per-id table given to a policy as ``name``.
+
+    The ids must lie in ``[0, len(table))``. They are checked where reading them is free (CPU
+    ids in eager code): an id out of range raises naming the table, its length and the id.
+    Inside a compiled step, under a ``torch.func`` transform or for ids on an accelerator they
+    are not read (no host sync): there an id out of range is torch's indexing error (on CUDA
+    a device-side assert).
+
+    Args:
+        table: ``Tensor[M]``, one entry per sample id.
+        ids: ``int Tensor[N]`` of sample ids (checked by :func:`~sbfunc.policies.check_ids`).
+        name: the table's argument name, for the message (``"irreducible"``).
+        policy: the policy's name, for the message.
+
+    Returns:
+        ``Tensor[N]``, the table's entries of ``ids``.
+
+    Raises:
+        ValueError: for an id below 0 or at least ``len(table)`` (CPU ids, eager code).
+
+    Example:
+        >>> lookup_by_id(torch.tensor([0.5, 1.5]), torch.tensor([1, 0]), "irreducible", "rho_loss")
+        tensor([1.5000, 0.5000])
+        >>> lookup_by_id(torch.zeros(3), torch.tensor([0, 7]), "table", "rho_loss")
+        Traceback (most recent call last):
+        ...
+        ValueError: rho_loss: table has 3 entries (sample ids 0 to 2) but the largest id is 7: ...
+    """
+    size = table.shape[0]
+    if host_readable(ids) and ids.numel() > 0:
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low < 0 or high >= size:
+            raise ValueError(_id_range_message(name, size, policy, low, high))
+    return table.index_select(0, ids.to(table.device))
+
+
+def _id_range_message(name: str, size: int, policy: str, low: int, high: int) -> str:
+    fix = f"pass ids that are dataset indices in [0, {size})"
+    if high >= size:
+        found = f"the largest id is {high}"
+        fix = f"give {name} one entry per dataset index (length > {high}), or {fix}"
+    else:
+        found = f"an id is {low}"
+    return f"{policy}: {name} has {size} entries (sample ids 0 to {size - 1}) but {found}: {fix}"

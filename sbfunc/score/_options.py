@@ -31,8 +31,10 @@ class Scoring(NamedTuple):
             ``benchmarks/scoring.py``). ``None``: the model's own precision.
         input: where the input sits in the batch, for downsampling (an int or a str field).
         head: the name of the model's head (``model.get_submodule(head)``), whose input is the
-            penultimate feature a policy may read (``Policy.needs`` with ``"features"``);
-            ``None``: the last ``nn.Linear`` of the model.
+            penultimate feature a policy may read (``Policy.needs`` with ``"features"``) and
+            whose output is the logits; ``None``: the last ``nn.Linear`` the forward calls,
+            which must return the logits (else the scoring forward raises, asking for
+            ``head``).
         reuse_losses: record the training forward's per-sample losses of the kept rows in
             the policy's per-id state on every step (``AFTER_LOSS``), so a policy that
             remembers losses (``Policy.record``: Stale-SB, Loshchilov, InfoBatch) needs fewer

@@ -3,10 +3,11 @@ features (the head's input) and the targets, at fixed shapes, from the same no-g
 
 A policy names what it reads in ``Policy.needs`` (a subset of :data:`SIGNALS`); Selective
 Backprop then scores with :func:`score_signals`, which runs the one forward it runs anyway and
-also returns those signals. The features are read by a forward hook on the model's *head* (the
-last ``nn.Linear`` unless named) of a private copy of the module's structure that shares the
-module's tensors: the user's module is never changed, and the hook, installed before any
-tracing, compiles into the step's graph with ``fullgraph=True``.
+also returns those signals. The features are read by a forward hook on the model's *head* (unless
+named, the last ``nn.Linear`` the forward calls, which must return the logits) of a private copy
+of the module's structure that shares the module's tensors: the user's module is never changed,
+and the hooks, installed before any tracing, compile into the step's graph with
+``fullgraph=True``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from sbfunc.batch import Field, batch_device, batch_size, extract
 from sbfunc.module import ModuleLoss, reduce_per_sample
@@ -36,6 +38,13 @@ __all__ = [
 
 SIGNALS = ("logits", "features", "targets")
 """The signals a policy can read (``Policy.needs``), besides the per-row score."""
+
+HEAD_FIX = (
+    "name the layer whose input is the features and whose output is the logits: pass "
+    "SelectiveBackprop(scoring=sbfunc.score.Scoring(head='<name of the layer that outputs the "
+    "logits>'))"
+)
+"""How to name the head, the end of every message about it."""
 
 
 class Signals(NamedTuple):
@@ -109,19 +118,21 @@ def check_signals(signals: Signals | None, needs: frozenset[str], n: int) -> Sig
     return given
 
 
-def find_head(module: nn.Module, head: str | None = None) -> str:
-    """The name of ``module``'s head: ``head`` when given (it must name a submodule), else the
-    last ``nn.Linear`` in ``module.named_modules()`` order.
+def find_head(module: nn.Module, head: str | None = None) -> str | None:
+    """The name of ``module``'s head when ``head`` names it (checked), else ``None``: the head
+    is then the last ``nn.Linear`` the forward calls, which must return the logits (found by
+    :class:`SignalScorer` on its first forward, whatever the order the layers were registered
+    in).
 
     Raises:
-        ValueError: when ``head`` names no submodule, or no ``nn.Linear`` is found (name the
-            head: ``Scoring(head="fc")``).
+        ValueError: when ``head`` names no submodule, or ``head=None`` and ``module`` has no
+            ``nn.Linear`` (name the head: ``Scoring(head="fc")``).
 
     Example:
         >>> nn = torch.nn
         >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-        >>> find_head(model)
-        '2'
+        >>> find_head(model, "2"), find_head(model)
+        ('2', None)
     """
     names = dict(module.named_modules())
     if head is not None:
@@ -131,23 +142,43 @@ def find_head(module: nn.Module, head: str | None = None) -> str:
                 f"of the layer whose input is the penultimate feature, one of {list(names)[1:8]}"
             )
         return head
-    linear = [n for n, m in names.items() if isinstance(m, nn.Linear)]
-    if not linear:
+    if not _linears(module):
         raise ValueError(
-            f"no nn.Linear head found in {type(module).__name__}: name the layer whose input is "
-            "the penultimate feature with sbfunc.score.Scoring(head='name')"
+            f"no nn.Linear head found in {type(module).__name__}, so the features cannot be "
+            f"read; {HEAD_FIX}"
         )
-    return linear[-1]
+    return None
+
+
+def _linears(module: nn.Module) -> list[str]:
+    return [n for n, m in module.named_modules() if isinstance(m, nn.Linear)]
 
 
 class _Tap:
-    """Where the head's hook leaves its input during one scoring forward."""
+    """What the latest hooked call of one scoring forward left: the layer's name, its input
+    and its output (only the latest: earlier activations are not kept alive)."""
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self.name: str | None = None
         self.value: torch.Tensor | None = None
+        self.output: Any = None
+
+    def hook(self, name: str) -> _TapHook:
+        return _TapHook(self, name)
+
+
+class _TapHook:
+    """The forward hook of the layer ``name``: hands its input and output to ``tap``."""
+
+    def __init__(self, tap: _Tap, name: str) -> None:
+        self.tap, self.name = tap, name
 
     def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        self.value = args[0]
+        tap = self.tap
+        tap.name, tap.value, tap.output = self.name, args[0], output
 
 
 class SignalScorer:
@@ -156,11 +187,14 @@ class SignalScorer:
     Args:
         loss_fn: a :class:`~sbfunc.module.ModuleLoss` (``sbfunc.per_sample_loss``).
         needs: the signals to return (a subset of :data:`SIGNALS`).
-        head: the head's name for the features (``None``: :func:`find_head`).
+        head: the head's name for the features (``None``: the last ``nn.Linear`` the forward
+            calls, which must return the logits; see :func:`find_head`).
 
     Raises:
         TypeError: for a loss that is not a ``ModuleLoss`` (signals need the model).
-        ValueError: as :func:`check_needs` and :func:`find_head`.
+        ValueError: as :func:`check_needs` and :func:`find_head`; when called, if the head
+            was not called by the forward, or (``head=None``) no ``nn.Linear`` was or the last
+            one called does not return the logits: each names ``Scoring(head=...)``.
 
     Example:
         >>> from sbfunc.score import SignalScorer
@@ -181,10 +215,12 @@ class SignalScorer:
                 f"sbfunc.per_sample_loss(model, criterion), got {loss_fn!r:.80}"
             )
         self.needs = check_needs(needs)
-        self.loss_fn, self.tap = loss_fn, _Tap()
+        self.loss_fn, self.tap, self.head = loss_fn, _Tap(), head
+        self._hooks: dict[str, RemovableHandle] = {}
         if "features" in self.needs:
             self.head = find_head(loss_fn.module, head)
-            self.loss_fn = _tapped(loss_fn, self.head, self.tap)
+            names = _linears(loss_fn.module) if self.head is None else [self.head]
+            self.loss_fn, self._hooks = _tapped(loss_fn, names, self.tap)
 
     def __call__(
         self, params: Params, buffers: Params, batch: Any
@@ -192,29 +228,55 @@ class SignalScorer:
         loss_fn, needs = self.loss_fn, self.needs
         assert isinstance(loss_fn, ModuleLoss)
         logits = loss_fn.forward(params, buffers, batch)
-        features, self.tap.value = self.tap.value, None
+        features = self._features(logits) if "features" in needs else None
         n = logits.shape[0]
         losses = reduce_per_sample(loss_fn.criterion(logits, batch), n)
-        if "features" in needs and features is None:
-            raise ValueError(f"the head {self.head!r} was not called by the model's forward")
         return losses, Signals(
             logits.detach() if "logits" in needs else None,
             features.detach().reshape(n, -1) if features is not None else None,
             extract(batch, loss_fn.target, "target") if "targets" in needs else None,
         )
 
+    def _features(self, logits: Any) -> torch.Tensor:
+        """The head's input from the forward that returned ``logits``; with ``head=None``, the
+        input of the last ``nn.Linear`` called, which must have returned ``logits`` (every
+        ``nn.Linear`` of the private copy stays hooked: the scorer never changes after it is
+        built)."""
+        tap = self.tap
+        name, features, output = tap.name, tap.value, tap.output
+        tap.clear()
+        if self.head is not None and (name is None or features is None):
+            raise ValueError(
+                f"the head {self.head!r} was not called by the model's forward; {HEAD_FIX}"
+            )
+        if name is None or features is None:
+            raise ValueError(
+                "the model's forward called no nn.Linear, so the features (the head's input) "
+                f"cannot be read; {HEAD_FIX}"
+            )
+        if self.head is None and output is not logits:
+            raise ValueError(
+                f"the last nn.Linear the model's forward called, {name!r}, does not return the "
+                "logits (another layer or operation comes after it), so its input need not be "
+                f"the features; {HEAD_FIX}"
+            )
+        return features
 
-def _tapped(loss_fn: ModuleLoss, head: str, tap: _Tap) -> ModuleLoss:
-    """``loss_fn`` over a copy of its module's structure (sharing every tensor) whose head
-    hands its input to ``tap``."""
+
+def _tapped(
+    loss_fn: ModuleLoss, names: list[str], tap: _Tap
+) -> tuple[ModuleLoss, dict[str, RemovableHandle]]:
+    """``loss_fn`` over a copy of its module's structure (sharing every tensor) whose layers
+    ``names`` hand their input and output to ``tap``, and the hooks' handles."""
     module = loss_fn.module
     shared = {id(t): t for t in [*module.parameters(), *module.buffers()]}
     twin = copy.deepcopy(module, shared)
-    twin.get_submodule(head).register_forward_hook(tap)
-    return ModuleLoss(
+    hooks = {n: twin.get_submodule(n).register_forward_hook(tap.hook(n)) for n in names}
+    tapped = ModuleLoss(
         twin, loss_fn.raw_criterion, input=loss_fn.input, target=loss_fn.target,
         output=loss_fn.output, mode=loss_fn.mode,
     )  # fmt: skip
+    return tapped, hooks
 
 
 def score_signals(

@@ -25,6 +25,7 @@ from sbfunc.score import (
     score_losses,
     score_signals,
 )
+from sbfunc.select import Selection
 from sbfunc.selective_backprop._apply import apply_policy, score_needed, unscorable_dropped
 from sbfunc.selective_backprop._checks import check_policy
 from sbfunc.selective_backprop._queue import Queue, dequeue, empty_queue, enqueue
@@ -266,39 +267,39 @@ class SelectiveBackprop(Algorithm):
 
     events = frozenset({Event.AFTER_DATALOADER, Event.AFTER_LOSS})
 
-    def match(self, event: Event, state: Context) -> bool:
+    def match(self, event: Event, ctx: Context) -> bool:
         if event == Event.AFTER_LOSS:
             return self.reuse_losses
         if event != Event.AFTER_DATALOADER:
             return False
-        t = state.time
+        t = ctx.time
         return in_window(t.elapsed, t.batch_in_epoch, self.start, self.end, self.interrupt)
 
-    def apply(self, event: Event, state: Context) -> Context:
+    def apply(self, event: Event, ctx: Context) -> Context:
         if event == Event.AFTER_LOSS:  # the training forward's losses of the kept rows
-            return self._record(state)
+            return self._record(ctx)
         if self.loss_fn is None:
             raise ValueError(
                 f"{self.name} has no loss to score with: build the step with it "
                 "(sbfunc.make_train_step(loss_fn, optimizer, [sb]) binds the step's loss), or "
                 "give SelectiveBackprop(..., scoring=sbfunc.score.Scoring(loss_fn=...))"
             )
-        return self._select(state, self.loss_fn)
+        return self._select(ctx, self.loss_fn)
 
-    def _record(self, state: Context) -> Context:
+    def _record(self, ctx: Context) -> Context:
         """Remember the training losses of the kept rows (``Policy.record``)."""
         assert self.policy.record is not None and self.ids is not None  # see __init__
-        if state.losses is None:
-            return state
-        policy_state, queue = (state.own, None) if self.refill is None else state.own
-        ids = extract(state.batch, self.ids, "ids")
-        epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step
-        policy_state = self.policy.record(policy_state, ids, state.losses, epoch)
-        return state.replace(own=policy_state if queue is None else (policy_state, queue))
+        if ctx.losses is None:
+            return ctx
+        policy_state, queue = (ctx.own, None) if self.refill is None else ctx.own
+        ids = extract(ctx.batch, self.ids, "ids")
+        epoch: int | torch.Tensor = ctx.time.epoch  # 0-d tensors inside a step
+        policy_state = self.policy.record(policy_state, ids, ctx.losses, epoch)
+        return ctx.replace(own=policy_state if queue is None else (policy_state, queue))
 
-    def _scorer(self, state: Context, loss_fn: LossFn) -> Callable[[Any], _Scored]:
+    def _scorer(self, ctx: Context, loss_fn: LossFn) -> Callable[[Any], _Scored]:
         def scored(batch: Any) -> _Scored:
-            args = (state.params, state.buffers, batch)
+            args = (ctx.params, ctx.buffers, batch)
             options: dict[str, Any] = dict(
                 scale_factor=self.scale_factor, input=self.scoring.input,
                 dtype=self.scoring.dtype, per_sample=self.per_sample,
@@ -309,13 +310,13 @@ class SelectiveBackprop(Algorithm):
 
         score: Callable[[Any], _Scored] = scored
         if self.keyed_scoring:
-            score = _keyed(score, sbrandom.fold_in(state.key, _SCORING))
+            score = _keyed(score, sbrandom.fold_in(ctx.key, _SCORING))
         if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
-            score = self._explained(score, state, loss_fn)
+            score = self._explained(score, ctx, loss_fn)
         return score
 
     def _explained(
-        self, score: Callable[[Any], _Scored], state: Context, loss_fn: LossFn
+        self, score: Callable[[Any], _Scored], ctx: Context, loss_fn: LossFn
     ) -> Callable[[Any], _Scored]:
         """``score``, with a failure of the downsampled forward explained (eagerly)."""
 
@@ -324,21 +325,21 @@ class SelectiveBackprop(Algorithm):
                 return score(batch)
             except (RuntimeError, ValueError):
                 check_downsampled_scoring(
-                    loss_fn, state.params, state.buffers, batch, self.scale_factor,
+                    loss_fn, ctx.params, ctx.buffers, batch, self.scale_factor,
                     input=self.scoring.input, per_sample=self.per_sample,
                 )  # fmt: skip
                 raise  # the model accepts the downsampled input: another failure
 
         return explained_score
 
-    def _select(self, state: Context, loss_fn: LossFn) -> Context:
+    def _select(self, ctx: Context, loss_fn: LossFn) -> Context:
         """Score, select, prune (and queue with ``refill``); count the unscorable rows left
         out."""
-        epoch: int | torch.Tensor = state.time.epoch  # 0-d tensors inside a step
-        policy_state, queue = (state.own, None) if self.refill is None else state.own
-        batch, spec = state.batch, self.per_sample
+        epoch: int | torch.Tensor = ctx.time.epoch  # 0-d tensors inside a step
+        policy_state, queue = (ctx.own, None) if self.refill is None else ctx.own
+        batch, spec = ctx.batch, self.per_sample
         ids = None if self.ids is None else extract(batch, self.ids, "ids")
-        score = self._scorer(state, loss_fn)
+        score = self._scorer(ctx, loss_fn)
         signals: Signals | None = None
         if self.signal_scorer is None:
             scores, scored, forwarded = score_needed(
@@ -349,26 +350,28 @@ class SelectiveBackprop(Algorithm):
             (scores, signals), scored = score(batch), None
             forwarded = batch_size(batch, per_sample=spec)
         pruned = apply_policy(
-            self.policy, policy_state, batch, scores, key=state.key, ids=self.ids, epoch=epoch,
-            elapsed=state.time.elapsed, scored=scored, per_sample=spec, signals=signals,
+            self.policy, policy_state, batch, scores, key=ctx.key, ids=self.ids, epoch=epoch,
+            elapsed=ctx.time.elapsed, scored=scored, per_sample=spec, signals=signals,
         )  # fmt: skip
         batch, weights, own = pruned.batch, pruned.weights, pruned.state
         trained = pruned.indices  # the rows of this batch that go on
+        kept_weights = weights
         if queue is not None:
             if self.policy.prune is None:  # never queue a row the model cannot score
                 rows = scores.index_select(0, trained).isfinite().nonzero().reshape(-1)
                 batch, trained = take(batch, rows, per_sample=spec), trained.index_select(0, rows)
             batch, queue = self._refill(queue, batch, weights)
             weights, own = None, (own, queue)
-        finite = finite_rows(state.batch, per_sample=spec)
+        finite = finite_rows(ctx.batch, per_sample=spec)
         dropped = unscorable_dropped(scores, scored, trained, finite=finite)
-        before = state.rows_unscorable
-        return state.replace(
+        before = ctx.rows_unscorable
+        return ctx.replace(
             batch=batch,
             sample_weights=weights,
             own=own,
-            samples_scored=state.samples_scored + forwarded,
+            samples_scored=ctx.samples_scored + forwarded,
             rows_unscorable=dropped if before is None else before + dropped,
+            kept=Selection(trained, kept_weights if queue is None else None),
         )
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:

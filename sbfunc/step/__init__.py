@@ -10,6 +10,7 @@ from sbfunc._gradients import weighted_mean
 from sbfunc._namespace import api_dir
 from sbfunc.step._build import make_train_step
 from sbfunc.step._evaluation import Evaluation, evaluate
+from sbfunc.step._fit_options import Checkpointing, Evaluator
 from sbfunc.step._guard import NonFinite
 from sbfunc.step._loop import FitResult, fit
 from sbfunc.step._replicas import ONE_PROCESS, Replicas
@@ -19,7 +20,9 @@ from sbfunc.step._train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainSt
 __all__ = [
     "BATCH_EVENTS",
     "ONE_PROCESS",
+    "Checkpointing",
     "Evaluation",
+    "Evaluator",
     "FitResult",
     "NonFinite",
     "NonFiniteRowsWarning",

@@ -49,7 +49,7 @@ __all__ = ["CompilableStep", "compile_options", "drop_library_globals", "library
 _LIBRARIES = ("sbfunc", "torch", "optree", "kornia")
 _IMPORT = re.compile(r"G\['__import_(\w+?)'\]")
 _ROOT = re.compile(r"G\['([^']+)'\]")
-_ROOT_MODULE = "sbfunc.step"  # the module of the compiled core (its G[...] globals)
+_ROOT_MODULE = "sbfunc.step._train_step"  # the module of the compiled core (its G[...] globals)
 # the methods torch.compile traces as frames of their own (``core`` too: a graph break inside
 # it makes resume functions from its code)
 _TRACED = ("__call__", "compiled_body", "core")
@@ -73,8 +73,6 @@ class CompilableStep(nn.Module):
             own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
             setattr(self, name, types.MethodType(own, self))
         self.compiled_core: Any = None  # set by compile()
-        self._host_plan = torch.compiler.disable(self._prepare)
-        self._host_finish = torch.compiler.disable(self.finish)
 
     def plan(self, state: TrainState, batch: Any) -> StepPlan:
         """The host decisions of one step (excluded from compilation)."""
@@ -96,10 +94,11 @@ class CompilableStep(nn.Module):
         After :meth:`compile` the core is the compiled one; ``torch.compile(step)`` traces
         this method itself, with ``plan`` and ``finish`` excluded (see the module docs).
         """
-        if torch.compiler.is_compiling():  # the host parts stay out of the graph
-            plan, batch = self._host_plan(state, batch, True)
+        if torch.compiler.is_compiling():  # the host parts stay out of the graph (wrapped
+            # here, not at construction: torch.compiler.disable imports torch._dynamo)
+            plan, batch = torch.compiler.disable(self._prepare)(state, batch, True)
             carry, out = self.compiled_body(plan, state, batch)
-            return self._host_finish(state, carry, out)
+            return torch.compiler.disable(self.finish)(state, carry, out)
         if self.compiled_core is not None:  # step.compile(): host plan, compiled core
             plan, batch = self._prepare(state, batch, True)
             carry, out = self.compiled_core(plan, state, batch)

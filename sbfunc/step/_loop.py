@@ -4,7 +4,7 @@ checkpoints, elapsed time, progress and sample accounting."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sized
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +12,8 @@ from tqdm.auto import tqdm
 
 from sbfunc.engine import Duration, Event, TrainState
 from sbfunc.step._evaluation import EvalFn, Evaluation
-from sbfunc.step._sequence import Data, Loop, epoch_batches, load, step_fields
+from sbfunc.step._fit_options import Checkpointing, Evaluator, grouped_options
+from sbfunc.step._sequence import Data, Loop, epoch_batches, load_into, step_fields
 from sbfunc.step._train_step import StepMetrics, TrainStep
 from sbfunc.validation import check_int
 
@@ -82,15 +83,12 @@ def fit(
     log_every: int = 10,
     stop_after: int | None = None,
     history: bool = True,
-    eval_data: Iterable[Any] | Mapping[str, Iterable[Any]] | None = None,
-    eval_fn: EvalFn | None = None,
-    eval_every: Duration | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
-    save_every: Duration | None = None,
-    load_from: str | os.PathLike[str] | None = None,
     iteration_epochs: int | None = None,
+    evaluator: Evaluator | None = None,
+    checkpointing: Checkpointing | None = None,
+    **legacy: Any,
 ) -> FitResult:
-    """Run a training loop around a :class:`TrainStep`, firing Composer's whole event sequence.
+    r"""Run a training loop around a :class:`TrainStep`, firing Composer's whole event sequence.
 
     The events, in Composer's order (``INIT`` fires in ``step.init``)::
 
@@ -108,9 +106,9 @@ def fit(
           EVAL_END; then EVAL_AFTER_ALL
 
     Every call fires ``BEFORE_LOAD`` and ``AFTER_LOAD`` (a call is Composer's ``Trainer``
-    construction plus ``fit``), around loading ``load_from`` into the shape of ``state`` when
-    given. An iteration spans ``iteration_epochs`` epochs, or the whole run by default; the
-    run's end also ends the last iteration (Composer never ends an iteration without a
+    construction plus ``fit``), around loading ``checkpointing.load_from`` into the shape of
+    ``state`` when given. An iteration spans ``iteration_epochs`` epochs, or the whole run by
+    default; the run's end also ends the last iteration (Composer never ends an iteration without a
     configured length). A run that ends mid-epoch (a duration in steps) ends neither the epoch
     nor the iteration and fetches no further batch, as in Composer; a run that ends with an
     epoch still makes the fetch that finds that epoch's data exhausted.
@@ -124,11 +122,12 @@ def fit(
     uninterrupted one when ``data`` is deterministic (only ``BEFORE_LOAD``, ``AFTER_LOAD``
     and ``FIT_START`` fire again).
 
-    **Evaluation** (with ``eval_data``): ``eval_fn(params, buffers, batch)`` returns a pytree of
+    **Evaluation** (with ``evaluator=``\ :class:`Evaluator`\ ``(data, fn, every)``):
+    ``fn(params, buffers, batch)`` returns a pytree of
     per-batch means; it runs under ``torch.no_grad()`` and must evaluate purely, in eval mode:
     build it on :func:`sbfunc.module.eval_outputs` or :func:`sbfunc.predict` (eval mode on
     copies of the buffers, so BatchNorm statistics never change). It runs after ``BATCH_END`` every
-    ``eval_every.steps`` steps or after ``EPOCH_END`` every ``eval_every.epochs`` epochs
+    ``every.steps`` steps or after ``EPOCH_END`` every ``every.epochs`` epochs
     (default: every epoch), and after ``FIT_END`` unless the schedule just evaluated the final
     state (Composer's default ``eval_interval`` and end-of-training evaluation). See
     :func:`sbfunc.step.evaluate` for the events and the averaging. Each evaluation's metrics
@@ -136,13 +135,14 @@ def fit(
     of every tensor; evaluation is not the step's hot path) and the latest scalar ones are
     shown on the progress bar (``eval_<name>``).
 
-    **Checkpoints** (with ``checkpoint=path``): the state is saved atomically with
-    :func:`sbfunc.checkpoint.save` after ``BATCH_CHECKPOINT`` every ``save_every.steps`` steps,
-    or every ``save_every.epochs`` epochs (default: every epoch) after ``EPOCH_CHECKPOINT``
+    **Checkpoints** (with ``checkpointing=``\ :class:`Checkpointing`\ ``(save_to, every,
+    load_from)``): the state is saved atomically with
+    :func:`sbfunc.checkpoint.save` after ``BATCH_CHECKPOINT`` every ``every.steps`` steps,
+    or every ``every.epochs`` epochs (default: every epoch) after ``EPOCH_CHECKPOINT``
     (after ``ITERATION_CHECKPOINT`` when the iteration ends with the epoch, so a resumed run
-    misses no event), and once more after the run's last checkpoint event. ``path`` is
+    misses no event), and once more after the run's last checkpoint event. ``save_to`` is
     formatted with ``step`` and ``epoch`` (``"ckpt/step{step}.pt"``; without fields each save
-    replaces the last); its folder is created. Pass a saved file to ``load_from=`` (or
+    replaces the last); its folder is created. Pass a saved file as ``load_from`` (or
     :func:`sbfunc.checkpoint.load` it) to resume.
 
     Selective methods change what progress means, so the progress bar and ``state.time``
@@ -174,24 +174,22 @@ def fit(
             continues exactly as if never stopped.
         history: keep every step's :class:`StepMetrics` (their loss tensors stay alive);
             ``False`` keeps none.
-        eval_data: a re-iterable of evaluation batches, or a mapping ``name -> re-iterable``
-            of several evaluation sets (Composer's evaluators: ``EVAL_START``/``EVAL_END``
-            fire once per set, and the metrics are a dict by name).
-        eval_fn: ``eval_fn(params, buffers, batch) -> metrics`` (required with ``eval_data``).
-        eval_every: a :class:`Duration` in epochs or steps (default ``Duration(epochs=1)``).
-        checkpoint: where to save checkpoints (see above).
-        save_every: a :class:`Duration` in epochs or steps (default ``Duration(epochs=1)``).
-        load_from: a checkpoint to load into ``state``'s structure before training.
         iteration_epochs: epochs per iteration (``None``: one iteration, the whole run).
+        evaluator: what to evaluate and how often (:class:`Evaluator`), or ``None``.
+        checkpointing: where to save and what to resume from (:class:`Checkpointing`), or
+            ``None``.
+        **legacy: 1.0's ``eval_data``, ``eval_fn``, ``eval_every``, ``checkpoint``,
+            ``save_every`` and ``load_from``, folded into the groups with a
+            ``DeprecationWarning`` (removed in 1.2).
 
     Returns:
         A :class:`FitResult`.
 
     Raises:
-        ValueError: for a duration, interval or count out of range, ``eval_data`` without
-            ``eval_fn`` (or the reverse), ``eval_every``/``save_every`` without
-            ``eval_data``/``checkpoint``, empty ``data``, data without ``len`` and no
-            ``steps_per_epoch``, or data that yields no batch in an epoch.
+        ValueError: for a duration, interval or count out of range, an :class:`Evaluator`
+            without ``data`` or ``fn``, a :class:`Checkpointing` ``every`` without
+            ``save_to``, empty ``data``, data without ``len`` and no ``steps_per_epoch``, or
+            data that yields no batch in an epoch.
         TypeError: for arguments of the wrong type (``step`` not a :class:`TrainStep`,
             ``state`` not a :class:`~sbfunc.TrainState`, ``data`` neither iterable nor
             callable, ...).
@@ -213,9 +211,11 @@ def fit(
         ...     return {"loss": out.losses.mean()}
         >>> import tempfile, os
         >>> folder = tempfile.mkdtemp()
-        >>> result = sbfunc.fit(step, state, data, epochs=2, progress=False, eval_data=data[:1],
-        ...                     eval_fn=metrics, checkpoint=os.path.join(folder, "s{step}.pt"),
-        ...                     save_every=sbfunc.engine.Duration(steps=4))
+        >>> result = sbfunc.fit(
+        ...     step, state, data, epochs=2, progress=False,
+        ...     evaluator=sbfunc.step.Evaluator(data[:1], metrics),
+        ...     checkpointing=sbfunc.step.Checkpointing(
+        ...         os.path.join(folder, "s{step}.pt"), every=sbfunc.engine.Duration(steps=4)))
         >>> [(e.step, e.event.name) for e in result.evaluations]
         [(3, 'EPOCH_END'), (6, 'EPOCH_END')]
         >>> type(result.evaluations[-1].metrics["loss"])  # read to the host, once per evaluation
@@ -227,6 +227,7 @@ def fit(
         MosaicML Composer ``Trainer.fit`` (its event order, ``eval_interval``,
         ``save_interval`` and iterations) and ``Time``.
     """
+    evaluator, checkpointing = grouped_options(evaluator, checkpointing, legacy)
     _check_inputs(step, state, data)
     steps_per_epoch = _steps_per_epoch(data, steps_per_epoch)
     total = Duration(epochs, steps).total_steps(steps_per_epoch)
@@ -234,14 +235,17 @@ def fit(
     limit = min(total, _positive(stop_after, "stop_after") or total)
     if not isinstance(history, bool):
         raise TypeError(f"history must be True or False, got {history!r}")
-    eval_on = _eval_config(eval_data, eval_fn, eval_every)
-    save_on = _save_config(checkpoint, save_every)
+    eval_on = _eval_config(evaluator)
+    save_on = _save_config(checkpointing.save_to, checkpointing.every)
     _positive(iteration_epochs, "iteration_epochs")
+    load_from = checkpointing.load_from
     if load_from is not None and not isinstance(load_from, str | os.PathLike):
-        raise TypeError(f"load_from must be a path or None, got {type(load_from).__name__}")
+        raise TypeError(
+            f"Checkpointing.load_from must be a path or None, got {type(load_from).__name__}"
+        )
 
     state = state.replace(time=state.time._replace(total_steps=total))  # loads into it too
-    state = load(step, state, load_from)
+    state = load_into(step, state, load_from)
     t = state.time
     state = state.replace(time=t._replace(total_steps=total, elapsed=min(t.step / total, 1.0)))
     state = step.run_event(Event.FIT_START, state)[0]
@@ -318,20 +322,17 @@ def _run(loop: Loop, state: TrainState) -> TrainState:
     return state
 
 
-def _eval_config(
-    data: Iterable[Any] | Mapping[str, Iterable[Any]] | None,
-    eval_fn: EvalFn | None,
-    every: Duration | None,
-) -> tuple[Any, EvalFn, tuple[str, int]] | None:
-    if data is None:
-        if eval_fn is not None or every is not None:
-            raise ValueError("eval_fn and eval_every need eval_data")
+def _eval_config(evaluator: Evaluator | None) -> tuple[Any, EvalFn, tuple[str, int]] | None:
+    if evaluator is None:
         return None
+    data, eval_fn, every = evaluator
+    if data is None:
+        raise ValueError("Evaluator needs data: the evaluation batches, got None")
     if eval_fn is None:
-        raise ValueError("eval_data needs eval_fn(params, buffers, batch) -> metrics, got None")
+        raise ValueError("Evaluator needs fn(params, buffers, batch) -> metrics, got None")
     if not callable(eval_fn):
-        raise TypeError(f"eval_fn must be callable, got {type(eval_fn).__name__}")
-    interval = _interval(Duration(epochs=1) if every is None else every, "eval_every")
+        raise TypeError(f"Evaluator.fn must be callable, got {type(eval_fn).__name__}")
+    interval = _interval(Duration(epochs=1) if every is None else every, "Evaluator.every")
     assert interval is not None
     return data, eval_fn, interval
 
@@ -341,10 +342,10 @@ def _save_config(
 ) -> tuple[str, tuple[str, int]] | None:
     if path is None:
         if every is not None:
-            raise ValueError("save_every needs checkpoint=path")
+            raise ValueError("Checkpointing.every needs save_to=path")
         return None
     if not isinstance(path, str | os.PathLike):
-        raise TypeError(f"checkpoint must be a path or None, got {type(path).__name__}")
-    interval = _interval(Duration(epochs=1) if every is None else every, "save_every")
+        raise TypeError(f"Checkpointing.save_to must be a path or None, got {type(path).__name__}")
+    interval = _interval(Duration(epochs=1) if every is None else every, "Checkpointing.every")
     assert interval is not None
     return os.fspath(path), interval

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size, take
-from sbfunc.engine import Carry
+from sbfunc.engine import Carry, Context
 from sbfunc.step._objective import Fire, Objective
 from sbfunc.types import Params, PerSample
 
@@ -150,64 +150,83 @@ def accumulate(
         the rows the loss used (``None`` when not masking); the number of rows
         backpropagated.
     """
-    context = carry.context
-    batch, weights = context.batch, context.sample_weights
+    batch, weights = carry.context.batch, carry.context.sample_weights
     rows = batch_size(batch, per_sample=per_sample)
     sizes = () if split is None else split.sizes(rows)
 
-    def key_of(c: Carry) -> torch.Tensor | None:
-        if model_key is None:
-            return None
-        assert c.step_key is not None
-        return model_key(c.step_key)
+    def run(
+        c: Carry, part: torch.Tensor | None
+    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
+        key = None if model_key is None or c.step_key is None else model_key(c.step_key)
+        return objective(c, fire, inside=inside, model_key=key, ok=part, scale=scale)
 
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
-        carry, grads, loss, used = objective(
-            carry, fire, inside=inside, model_key=key_of(carry), ok=ok, scale=scale
-        )
-        rows = batch_size(carry.context.batch, per_sample=per_sample)
-        return carry, grads, loss, used, rows
-    device = (
-        carry.context.params[next(iter(carry.context.params))].device if context.params else None
-    )
-    base_key = carry.step_key
-    total: Params | None = None
-    loss_sum: torch.Tensor | None = None
-    losses: list[torch.Tensor] = []
-    outputs: list[object] = []
-    masks: list[torch.Tensor] = []
-    start = 0
+        carry, grads, loss, used = run(carry, ok)
+        return carry, grads, loss, used, batch_size(carry.context.batch, per_sample=per_sample)
+    params = carry.context.params
+    device = params[next(iter(params))].device if params else None
+    base_key, acc, start = carry.step_key, _Accumulated(), 0
     for c, n in enumerate(sizes):
-        index = torch.arange(start, start + n, device=device)
-        chunk = take(batch, index, per_sample=per_sample)
-        w = None if weights is None else weights[start : start + n]
-        key = base_key
-        if base_key is not None and c > 0:  # chunk 0 keeps the step's keys
-            key = sbrandom.fold_in(base_key, _CHUNK_STREAM + c)
-        ctx = carry.context._replace(
-            batch=chunk, sample_weights=w, outputs=None, loss=None, losses=None
-        )
-        carry = carry._replace(context=ctx, step_key=key)
-        part = None if ok is None else ok[start : start + n]
-        carry, grads, loss, used = objective(
-            carry, fire, inside=inside, model_key=key_of(carry), ok=part, scale=scale
-        )
-        share = n / rows
-        total = _scaled_sum(total, grads, share)
-        loss_sum = loss * share if loss_sum is None else loss_sum + loss * share
-        ctx = carry.context
-        losses.append(ctx.losses if ctx.losses is not None else loss.new_zeros(0))
-        outputs.append(ctx.outputs)
-        if used is not None:
-            masks.append(used)
+        carry = _chunk(carry, take(batch, torch.arange(start, start + n, device=device),
+                                   per_sample=per_sample),
+                       None if weights is None else weights[start : start + n],
+                       _chunk_key(base_key, c))  # fmt: skip
+        carry, grads, loss, used = run(carry, None if ok is None else ok[start : start + n])
+        acc = acc.add(grads, loss, carry.context, used, n / rows)
         start += n
-    assert total is not None and loss_sum is not None
+    ctx = acc.context(carry.context._replace(batch=batch, sample_weights=weights))
+    return carry._replace(context=ctx, step_key=base_key), *acc.results(), rows
+
+
+def _chunk_key(base: torch.Tensor | None, c: int) -> torch.Tensor | None:
+    """Chunk ``c``'s step key: chunk 0 keeps the step's keys, the others fold in their index."""
+    return base if base is None or c == 0 else sbrandom.fold_in(base, _CHUNK_STREAM + c)
+
+
+def _chunk(
+    carry: Carry, rows: Any, weights: torch.Tensor | None, key: torch.Tensor | None
+) -> Carry:
+    """The carry of one chunk: its rows and weights, no outputs or losses yet."""
     ctx = carry.context._replace(
-        batch=batch,
-        sample_weights=weights,
-        outputs=_joined(outputs),
-        loss=loss_sum,
-        losses=torch.cat(losses),
+        batch=rows, sample_weights=weights, outputs=None, loss=None, losses=None
     )
-    used_all = torch.cat(masks) if masks else None
-    return carry._replace(context=ctx, step_key=base_key), total, loss_sum, used_all, rows
+    return carry._replace(context=ctx, step_key=key)
+
+
+class _Accumulated(NamedTuple):
+    """The chunks' sums so far: gradients and loss weighted by each chunk's share of the rows,
+    and the per-row losses, outputs and used-row masks in row order."""
+
+    grads: Params | None = None
+    loss: torch.Tensor | None = None
+    losses: tuple[torch.Tensor, ...] = ()
+    outputs: tuple[object, ...] = ()
+    masks: tuple[torch.Tensor, ...] = ()
+
+    def add(
+        self,
+        grads: Params,
+        loss: torch.Tensor,
+        ctx: Context,
+        used: torch.Tensor | None,
+        share: float,
+    ) -> _Accumulated:
+        losses = ctx.losses if ctx.losses is not None else loss.new_zeros(0)
+        return _Accumulated(
+            _scaled_sum(self.grads, grads, share),
+            loss * share if self.loss is None else self.loss + loss * share,
+            (*self.losses, losses),
+            (*self.outputs, ctx.outputs),
+            self.masks if used is None else (*self.masks, used),
+        )
+
+    def context(self, ctx: Context) -> Context:
+        """``ctx`` with the whole batch's outputs, loss and per-row losses."""
+        return ctx._replace(
+            outputs=_joined(list(self.outputs)), loss=self.loss, losses=torch.cat(self.losses)
+        )
+
+    def results(self) -> tuple[Params, torch.Tensor, torch.Tensor | None]:
+        """``(grads, loss, used)``: the whole batch's gradient, loss and used rows."""
+        assert self.grads is not None and self.loss is not None
+        return self.grads, self.loss, torch.cat(self.masks) if self.masks else None

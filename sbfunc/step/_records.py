@@ -8,6 +8,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc.engine import Event, Plan, Time, Trace
+from sbfunc.select import Selection
 
 __all__ = ["BATCH_EVENTS", "Clock", "CoreOutputs", "StepMetrics", "StepPlan"]
 
@@ -42,6 +43,11 @@ class StepMetrics(NamedTuple):
         rows_nonfinite: a 0-d ``int64`` tensor: rows left out of the update because their
             input or loss was not finite, those a selection left out for a non-finite score
             included (``Context.rows_unscorable``); ``None`` with ``nonfinite="allow"``.
+        kept: which rows of the batch a selection kept: a :class:`~sbfunc.select.Selection`
+            of ``int64`` indices into the batch the step was given (sorted) and the kept rows'
+            loss weights (or ``None``), left on the device; ``None`` when no selection ran
+            this step. With Selective Backprop's ``refill`` queue these are the rows kept and
+            queued this step (the backpropagated rows may come from earlier batches).
 
     Example:
         >>> m = sbfunc.step.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
@@ -58,6 +64,7 @@ class StepMetrics(NamedTuple):
     skipped: torch.Tensor
     traces: tuple[Trace, ...]
     rows_nonfinite: torch.Tensor | None = None
+    kept: Selection | None = None
 
 
 class Clock(NamedTuple):

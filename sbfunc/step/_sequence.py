@@ -22,7 +22,7 @@ __all__ = [
     "epoch_batches",
     "eval_fields",
     "host_metrics",
-    "load",
+    "load_into",
     "step_fields",
 ]
 
@@ -236,7 +236,9 @@ def _save(state: TrainState, path: str) -> None:
     ckpt.save(state, target)
 
 
-def load(step: TrainStep, state: TrainState, path: str | os.PathLike[str] | None) -> TrainState:
+def load_into(
+    step: TrainStep, state: TrainState, path: str | os.PathLike[str] | None
+) -> TrainState:
     """``BEFORE_LOAD``, then ``path`` loaded into ``state``'s structure (when given), then
     ``AFTER_LOAD``."""
     state = step.run_event(Event.BEFORE_LOAD, state)[0]

@@ -320,6 +320,7 @@ class TrainStep(CompilableStep):
             out.skipped,
             carry.traces,
             out.rows_nonfinite,
+            context.kept,
         )
         new = TrainState(
             context.params,

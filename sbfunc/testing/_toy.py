@@ -93,12 +93,12 @@ class Toy(Algorithm):
     def init(self, key: Any) -> tuple[Any, ...]:
         return ()
 
-    def match(self, event: Event, state: Context) -> bool:
+    def match(self, event: Event, ctx: Context) -> bool:
         return self.events is None or event in self.events
 
-    def apply(self, event: Event, state: Context) -> ApplyResult:
-        state = state.replace(own=(*(state.own or ()), self.tag))
-        return state if self.exit_code is None else (state, self.exit_code)
+    def apply(self, event: Event, ctx: Context) -> ApplyResult:
+        ctx = ctx.replace(own=(*(ctx.own or ()), self.tag))
+        return ctx if self.exit_code is None else (ctx, self.exit_code)
 
     def __repr__(self) -> str:
         flags = [

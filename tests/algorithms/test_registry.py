@@ -196,10 +196,11 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
         step,
         fresh,
         data,
-        checkpoint=tmp_path / "s{step}.pt",
-        save_every=sbfunc.engine.Duration(steps=2),
         **run,
-    )  # fmt: skip
+        checkpointing=sbfunc.step.Checkpointing(
+            save_to=tmp_path / "s{step}.pt", every=sbfunc.engine.Duration(steps=2)
+        ),
+    )
     t = whole.state.time
     assert t.step == 3 * case.epochs and t.samples_backpropagated < t.samples_forwarded
     assert all(torch.isfinite(m.loss) for m in whole.history)
@@ -207,18 +208,40 @@ def test_trains_with_selective_backprop_and_resumes_bit_for_bit(name, tmp_path):
     traced = {t.name for m in whole.history for t in m.traces}
     for alg in extra:  # each one ran inside the steps (ChannelsLast on INIT, BlurPool never)
         assert isinstance(alg, A.ChannelsLast | A.BlurPool) or alg.name in traced
-    resumed = sbfunc.fit(step, fresh, data, load_from=tmp_path / "s2.pt", **run).state
+    resumed = sbfunc.fit(
+        step,
+        fresh,
+        data,
+        **run,
+        checkpointing=sbfunc.step.Checkpointing(load_from=tmp_path / "s2.pt"),
+    ).state
     assert_identical(resumed, whole.state)
 
 
 def test_every_algorithm_of_the_suite_has_a_case():
     """A new algorithm class in sbfunc.algorithms must get a case here."""
     covered = {
-        A.Alibi, A.AugMix, A.BlurPool, A.ChannelsLast, A.ColOut, A.CutMix, A.CutOut,
-        A.GhostBatchNorm, A.LabelSmoothing, A.LayerFreezing, A.MixUp, A.ProgressiveResizing,
-        A.RandAugment, A.SelectiveBackprop, A.SeqLengthWarmup, A.SAM, A.SqueezeExcite,
-        A.StochasticDepth, A.SWA, A.EMA,
-    }  # fmt: skip
+        A.Alibi,
+        A.AugMix,
+        A.BlurPool,
+        A.ChannelsLast,
+        A.ColOut,
+        A.CutMix,
+        A.CutOut,
+        A.GhostBatchNorm,
+        A.LabelSmoothing,
+        A.LayerFreezing,
+        A.MixUp,
+        A.ProgressiveResizing,
+        A.RandAugment,
+        A.SelectiveBackprop,
+        A.SeqLengthWarmup,
+        A.SAM,
+        A.SqueezeExcite,
+        A.StochasticDepth,
+        A.SWA,
+        A.EMA,
+    }
     suite = {
         obj
         for obj in map(A.__dict__.get, A.__all__)

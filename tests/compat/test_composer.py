@@ -1,4 +1,5 @@
 import inspect
+import sys
 
 import pytest
 import torch
@@ -169,6 +170,30 @@ def test_select_using_loss_raises_composers_exact_messages(kwargs, exc, message)
     with pytest.raises(exc) as info:
         sbfunc.compat.select_using_loss(**args)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_a_loss_module_is_refused_with_composers_message(reduction):
+    # Composer reads the signature of the module's __call__, (*args, **kwargs), and refuses
+    # every loss module; torch's own TypeError (forward() got an unexpected keyword argument)
+    # would name no fix
+    model, x, y = _setup(4)
+    with pytest.raises(TypeError) as info:
+        sbfunc.compat.select_using_loss(x, y, model, nn.CrossEntropyLoss(reduction=reduction))
+    assert str(info.value) == "Loss function `loss_fun` must take a keyword argument `reduction`."
+    notes = getattr(info.value, "__notes__", [])
+    assert len(notes) == (sys.version_info >= (3, 11))  # the fix, in a note (Python 3.11+)
+    assert all("torch.nn.functional.cross_entropy" in note for note in notes)
+
+
+def test_a_loss_module_whose_forward_takes_reduction_still_works():
+    class Criterion(nn.Module):
+        def forward(self, output, target, reduction="mean"):
+            return F.cross_entropy(output, target, reduction=reduction)
+
+    model, x, y = _setup(8)
+    xs, ys = sbfunc.compat.select_using_loss(x, y, model, Criterion(), keep=0.5)
+    assert xs.shape[0] == ys.shape[0] == 4
 
 
 @pytest.mark.parametrize("scale_factor", [1, 0.5])

@@ -80,9 +80,9 @@ def resume(comm: sbdist.Comm, out: Path) -> dict[str, Any]:
     step, fresh, data = _resume_build(comm)
     full = sbfunc.fit(step, fresh, data, epochs=epochs, progress=False).state
     half = sbfunc.fit(step, fresh, data, epochs=epochs, progress=False, stop_after=4).state
-    sbdist.save(half, out / "half.pt", comm=comm)
+    sbdist.save_data_parallel(half, out / "half.pt", comm=comm)
     step, template, data = _resume_build(comm)
-    loaded = sbdist.load(out / "half.pt", like=template, comm=comm)
+    loaded = sbdist.load_data_parallel(out / "half.pt", like=template, comm=comm)
     resumed = sbfunc.fit(step, loaded, data, epochs=epochs, progress=False).state
     shared = sbdist.split_state(full)[0]
     return {

@@ -192,8 +192,8 @@ def test_save_and_load_in_a_world_of_one(tmp_path):
     step, state = common.build(common.SCENARIOS["global_infobatch"], sbdist.Comm())
     x, y = common.data()
     state, _ = step(state, (x[:8], y[:8], torch.arange(8)))
-    sbdist.save(state, tmp_path / "one.pt")
-    loaded = sbdist.load(
+    sbdist.save_data_parallel(state, tmp_path / "one.pt")
+    loaded = sbdist.load_data_parallel(
         tmp_path / "one.pt", like=common.build(common.SCENARIOS["global_infobatch"], None)[1]
     )
     assert loaded.time == state.time and all(

@@ -10,6 +10,7 @@ from sbfunc.policies import (
     EmptyState,
     as_scores,
     bernoulli_selection,
+    check_ids,
     check_scores,
     horvitz_thompson,
     make_policy,
@@ -103,3 +104,11 @@ def test_scores_that_are_not_a_1d_real_tensor_are_refused(scores, error, message
         as_scores(scores)
     with pytest.raises(error, match=message):
         check_scores(scores)
+
+
+def test_missing_ids_name_the_selective_backprop_field_and_the_select_argument():
+    with pytest.raises(ValueError, match="stale_sb needs sample ids") as error:
+        check_ids(None, 3, "stale_sb")
+    message = str(error.value)
+    assert 'SelectiveBackprop(ids="<field holding each row\'s dataset index>")' in message
+    assert "select(..., ids=<int64 Tensor[N]>)" in message

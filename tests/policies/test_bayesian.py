@@ -196,6 +196,23 @@ def test_signals_of_another_width_are_refused():
         )
 
 
+def test_a_reference_shorter_than_the_ids_is_named():
+    policy = make(reference=torch.zeros(5))
+
+    def select(ids):
+        signals = random_signals(3, 0)
+        return policy.select(torch.ones(3), policy.init(), key=sbrandom.key(0), ids=ids,
+                             signals=signals)  # fmt: skip
+
+    assert select(torch.tensor([4, 0, 2]))[0].indices.shape == (1,)
+    with pytest.raises(ValueError, match=r"bayesian: reference has 5 entries .* largest id is 5"):
+        select(torch.tensor([4, 5, 2]))
+    with pytest.raises(ValueError, match=r"SelectiveBackprop\(ids="):
+        select(None)
+    with pytest.raises(ValueError, match="reference must have one entry per sample id"):
+        make(reference=torch.zeros(0))
+
+
 def _mlp_step(policy, compiled: bool):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))

@@ -1,6 +1,7 @@
 """The fixed-count policies: rank-power (Composer's law), top-k, random subset, RHO-LOSS."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -224,3 +225,31 @@ def test_rho_loss_does_not_alias_the_irreducible_tensor():
 def test_rho_loss_rejects_non_float_tables():
     with pytest.raises(TypeError, match="irreducible"):
         rho_loss(0.5, [0.0, 1.0])  # type: ignore[arg-type]
+
+
+def test_rho_loss_names_a_table_shorter_than_the_ids():
+    policy = rho_loss(0.5, torch.tensor([0.0, 1.0, 2.0, 3.0]))
+
+    def select(ids):
+        return policy.select(torch.ones(3), policy.init(), key=sbrandom.key(0), ids=ids)[0]
+
+    assert select(torch.tensor([3, 1, 0])).indices.tolist() == [2]  # the last id is served
+    message = (
+        "rho_loss: irreducible has 4 entries (sample ids 0 to 3) but the largest id is 9: give "
+        "irreducible one entry per dataset index (length > 9), or pass ids that are dataset "
+        "indices in [0, 4)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        select(torch.tensor([0, 9, 2]))
+    with pytest.raises(ValueError, match=re.escape("but an id is -1: pass ids that are dataset")):
+        select(torch.tensor([0, -1, 2]))
+    with pytest.raises(ValueError, match="irreducible must have one entry per sample id, got an"):
+        rho_loss(0.5, torch.zeros(0))
+
+
+def test_rho_loss_without_ids_names_the_selective_backprop_field_and_the_select_argument():
+    policy = rho_loss(0.5, torch.zeros(3))
+    with pytest.raises(ValueError, match="needs sample ids") as error:
+        policy.select(torch.ones(3), policy.init(), key=sbrandom.key(0))
+    assert 'SelectiveBackprop(ids="<field holding each row\'s dataset index>")' in str(error.value)
+    assert "select(..., ids=<int64 Tensor[N]>)" in str(error.value)

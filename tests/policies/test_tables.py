@@ -1,3 +1,4 @@
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -6,6 +7,7 @@ from sbfunc.policies._tables import (
     history_cdf,
     history_init,
     history_push,
+    lookup_by_id,
     table_init,
     table_lookup,
     table_ranks,
@@ -75,3 +77,26 @@ def test_masked_update_keeps_the_other_rows():
         table, torch.tensor([0, 1]), torch.tensor([5.0, 6.0]), 4, mask=torch.tensor([True, False])
     )
     assert table.loss.tolist() == [5.0, 2.0, 0.0] and table.epoch.tolist() == [4, 0, -1]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(size=st.integers(1, 8), ids=st.lists(st.integers(-3, 12), min_size=1, max_size=6))
+def test_lookup_by_id_serves_ids_in_range_and_names_the_table_otherwise(size, ids):
+    table = torch.arange(size, dtype=torch.float32) * 10
+    if all(0 <= i < size for i in ids):
+        got = lookup_by_id(table, torch.tensor(ids), "irreducible", "rho_loss")
+        assert got.tolist() == [10.0 * i for i in ids]
+        return
+    found = f"the largest id is {max(ids)}" if max(ids) >= size else f"an id is {min(ids)}"
+    with pytest.raises(ValueError, match=f"rho_loss: irreducible has {size} entries .*{found}"):
+        lookup_by_id(table, torch.tensor(ids), "irreducible", "rho_loss")
+
+
+@pytest.mark.slow
+def test_lookup_by_id_reads_no_id_inside_a_compiled_function():
+    def lookup(table, ids):
+        return lookup_by_id(table, ids, "irreducible", "rho_loss") * 2
+
+    compiled = torch.compile(lookup, backend="eager", fullgraph=True)
+    got = compiled(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2, 0]))
+    assert got.tolist() == [6.0, 2.0]

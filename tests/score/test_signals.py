@@ -1,6 +1,8 @@
 """The per-row signals of the scoring forward: what they equal, what they leave alone, their
 errors, and the closed-form last-layer gradient they feed (checked against torch.func)."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -105,13 +107,16 @@ def test_an_empty_batch_runs_no_forward():
     assert losses.shape == (0,) and sig == Signals()
 
 
-def test_the_head_is_the_last_linear_or_the_one_named():
+HEAD_FIX = "pass SelectiveBackprop(scoring=sbfunc.score.Scoring(head='<name of the layer that"
+
+
+def test_the_head_is_the_one_named_or_found_in_the_forward():
     model = nn.Sequential(nn.Linear(4, 8), nn.Sequential(nn.ReLU(), nn.Linear(8, 3)))
-    assert find_head(model) == "1.1"
+    assert find_head(model) is None  # found by the forward
     assert find_head(model, "0") == "0"
     with pytest.raises(ValueError, match="head='fc' names no submodule"):
         find_head(model, "fc")
-    with pytest.raises(ValueError, match=r"Scoring\(head='name'\)"):
+    with pytest.raises(ValueError, match=re.escape(HEAD_FIX)):
         find_head(nn.Sequential(nn.Conv1d(1, 1, 1)))
 
 
@@ -125,14 +130,91 @@ class WithUnusedLinear(nn.Module):
         return self.fc(torch.tanh(self.body(x)))
 
 
-def test_a_head_the_forward_never_calls_is_an_error():
+def test_a_named_head_the_forward_never_calls_is_an_error_naming_the_fix():
     model = WithUnusedLinear()
+    named = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), {"features"}, "unused")
+    message = "the head 'unused' was not called by the model's forward; name the layer whose "
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
+        score_signals(named, *sbfunc.split_module(model), batch_of(2))
+    assert HEAD_FIX in str(error.value)
     scorer = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), {"features"})
-    with pytest.raises(ValueError, match="'unused' was not called"):
+    _, sig = score_signals(scorer, *sbfunc.split_module(model), batch_of(2))  # fc, not unused
+    with torch.no_grad():
+        torch.testing.assert_close(sig.features, torch.tanh(model.body(batch_of(2)[0])))
+
+
+class HeadFirst(nn.Module):
+    """The head registered before the body: the last Linear in module order is the body's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = nn.Linear(32, 3)
+        self.body = nn.Sequential(nn.Linear(4, 32), nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_the_head_is_the_layer_that_returns_the_logits_not_the_last_registered():
+    model = HeadFirst()
+    scorer = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), ALL)
+    batch = batch_of(5)
+    for _ in range(2):  # every forward finds the head the same way; the scorer never changes
+        _, sig = score_signals(scorer, *sbfunc.split_module(model), batch)
+        with torch.no_grad():
+            torch.testing.assert_close(sig.features, model.body(batch[0]))
+        assert sig.features.shape == (5, 32)
+    hooked = [n for n, m in scorer.loss_fn.module.named_modules() if m._forward_hooks]
+    assert hooked == ["head", "body.0"]  # the private copy's Linears, never the user's model
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+class ScaledLogits(nn.Module):
+    def __init__(self, aux: bool) -> None:
+        super().__init__()
+        self.body, self.fc, self.aux = nn.Linear(4, 8), nn.Linear(8, 3), nn.Linear(8, 1)
+        self.with_aux = aux
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        if self.with_aux:  # a Linear called after the head, its output unused
+            logits = self.fc(h)
+            self.aux(h)
+            return logits
+        return self.fc(h) / 2.0  # the head's output changed after it
+
+
+@pytest.mark.parametrize("aux", [False, True])
+def test_a_forward_whose_last_linear_does_not_return_the_logits_names_the_fix(aux):
+    model = ScaledLogits(aux)
+    scorer = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), {"features"})
+    last = "aux" if aux else "fc"
+    message = (
+        f"the last nn.Linear the model's forward called, '{last}', does not return the logits"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)) as error:
         score_signals(scorer, *sbfunc.split_module(model), batch_of(2))
+    assert HEAD_FIX in str(error.value)
     named = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), {"features"}, "fc")
     _, sig = score_signals(named, *sbfunc.split_module(model), batch_of(2))
     assert sig.features.shape == (2, 8)
+
+
+def test_a_forward_that_calls_no_linear_names_the_fix():
+    class ConvHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.unused = nn.Conv1d(1, 3, 4), nn.Linear(2, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x.unsqueeze(1)).flatten(1)
+
+    model = ConvHead()
+    scorer = SignalScorer(sbfunc.per_sample_loss(model, F.cross_entropy), {"features"})
+    with pytest.raises(ValueError, match=r"the model's forward called no nn\.Linear") as error:
+        score_signals(scorer, *sbfunc.split_module(model), batch_of(2))
+    assert HEAD_FIX in str(error.value)
 
 
 @pytest.mark.parametrize(
@@ -197,8 +279,9 @@ def _sb_step(model, needs=ALL, backend=None, head=None):
     return step
 
 
-def test_selective_backprop_hands_the_policy_its_signals_eagerly_and_compiled():
-    model = mlp()
+@pytest.mark.parametrize("make_model", [mlp, HeadFirst])
+def test_selective_backprop_hands_the_policy_its_signals_eagerly_and_compiled(make_model):
+    model = make_model()
     batch = batch_of(6)
     results = []
     for backend in (None, "eager"):

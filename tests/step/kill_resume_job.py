@@ -4,7 +4,7 @@ kill-and-resume test (the pattern docs/how-to/failures.md recommends):
     python -m tests.step.kill_resume_job FOLDER EVERY NUM_THREADS [SLOW_SAVE_AT]
 
 resumes from ``FOLDER/last.pt`` when it exists (else starts fresh) and runs ``sbfunc.fit``
-with ``checkpoint=FOLDER/last.pt, save_every=Duration(steps=EVERY)``, printing ``saved <step>``
+with ``Checkpointing(FOLDER/last.pt, every=Duration(steps=EVERY))``, printing ``saved <step>``
 after each (atomic) save; at the end it saves ``FOLDER/final.pt`` and prints ``done``.
 With ``SLOW_SAVE_AT`` the save of that step prints ``writing <step>`` once its temporary file
 is written, then sleeps before the rename, so the test can kill it during the save.
@@ -49,9 +49,11 @@ def train(folder: str, every: int, slow_save_at: int | None = None) -> sbfunc.Tr
             steps_per_epoch=resume_job.N // resume_job.BATCH,
             progress=False,
             history=False,
-            checkpoint=last,
-            save_every=sbfunc.engine.Duration(steps=every),
-            load_from=last if os.path.exists(last) else None,
+            checkpointing=sbfunc.step.Checkpointing(
+                save_to=last,
+                every=sbfunc.engine.Duration(steps=every),
+                load_from=last if os.path.exists(last) else None,
+            ),
         ).state
     finally:
         sbfunc.checkpoint.save = save  # type: ignore[assignment]

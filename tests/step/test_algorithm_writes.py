@@ -186,7 +186,13 @@ def test_evaluation_keeps_batch_and_outputs_and_refuses_the_loss():
     def run(alg):
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [alg])
         state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
-        return sbfunc.fit(step, state, [_batch()], epochs=1, eval_data=[_batch()], eval_fn=metrics)
+        return sbfunc.fit(
+            step,
+            state,
+            [_batch()],
+            epochs=1,
+            evaluator=sbfunc.step.Evaluator(data=[_batch()], fn=metrics),
+        )
 
     halve = Write(E.EVAL_AFTER_FORWARD, "outputs", lambda s: {"loss": s.outputs["loss"] / 2})
     assert run(halve).evaluations[-1].metrics["loss"] < 1.0  # the outputs are the metrics

@@ -100,11 +100,11 @@ def test_fit_reads_each_evaluation_s_metrics_only():
     loss_fn = _build()[0]
 
     def metrics(params, buffers, batch):
-        return {"loss": sbfunc.module._eval.eval_outputs(loss_fn, params, buffers, batch).losses}
+        return {"loss": sbfunc.module.eval_outputs(loss_fn, params, buffers, batch).losses}
 
     every = sbfunc.engine.Duration(steps=2)
     error, fetched = _fit_until_read(
-        progress=False, eval_data=[_batch()], eval_fn=metrics, eval_every=every
+        progress=False, evaluator=sbfunc.step.Evaluator([_batch()], metrics, every)
     )
     assert fetched == 2
     assert sync_site(error) == ("step/_sequence.py", "read")  # host_metrics

@@ -186,7 +186,9 @@ def _mean_loss(params, buffers, batch):
 def test_evaluation_metrics_are_numbers_and_shown_on_the_bar(capsys):
     step, state, data = _setup()
     sets = {"val": data[:1], "test": data[1:]}
-    result = sbfunc.fit(step, state, data, epochs=2, eval_data=sets, eval_fn=_mean_loss)
+    result = sbfunc.fit(
+        step, state, data, epochs=2, evaluator=sbfunc.step.Evaluator(data=sets, fn=_mean_loss)
+    )
     assert [e.step for e in result.evaluations] == [3, 6]
     for e in result.evaluations:
         assert {k: type(v["loss"]) for k, v in e.metrics.items()} == {"val": float, "test": float}
@@ -202,7 +204,9 @@ def test_the_final_evaluation_is_shown_and_vectors_stay_off_the_bar(capsys):
     def metrics(params, buffers, batch):
         return {"acc": torch.tensor(0.25), "per_class": torch.tensor([0.5, 1.0])}
 
-    result = sbfunc.fit(step, state, data, steps=2, eval_data=data[:1], eval_fn=metrics)
+    result = sbfunc.fit(
+        step, state, data, steps=2, evaluator=sbfunc.step.Evaluator(data=data[:1], fn=metrics)
+    )
     (only,) = result.evaluations
     assert only.event == E.FIT_END and only.metrics == {"acc": 0.25, "per_class": [0.5, 1.0]}
     err = capsys.readouterr().err
@@ -233,7 +237,9 @@ def test_a_bare_metric_is_a_number_named_eval(capsys):
     def loss(params, buffers, batch):
         return _mean_loss(params, buffers, batch)["loss"]
 
-    result = sbfunc.fit(step, state, data, epochs=1, eval_data=data[:2], eval_fn=loss)
+    result = sbfunc.fit(
+        step, state, data, epochs=1, evaluator=sbfunc.step.Evaluator(data=data[:2], fn=loss)
+    )
     (only,) = result.evaluations
     assert type(only.metrics) is float
     assert f"eval={only.metrics:.4g}" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
+from sbfunc.step import Checkpointing, Evaluator
 from tests.helpers import assert_identical
 
 E = sbfunc.Event
@@ -140,13 +141,18 @@ intervals = st.one_of(
 )
 def test_the_fired_sequence_is_a_composer_order(duration, every, iteration_epochs, microbatches):
     step, state, data, loss_fn = _setup([Recorder()], microbatches=microbatches)
-    evaluate = {} if every is None else {"eval_data": data[:2], "eval_fn": _metrics(loss_fn)}
-    if every is not None and every != sbfunc.engine.Duration(epochs=1):
-        evaluate["eval_every"] = every
+    default = every == sbfunc.engine.Duration(epochs=1)
+    ev = Evaluator(data[:2], _metrics(loss_fn), None if default else every)
+    evaluate = {} if every is None else {"evaluator": ev}
     result = sbfunc.fit(
-        step, state, data, progress=False, iteration_epochs=iteration_epochs,
-        **duration, **evaluate,
-    )  # fmt: skip
+        step,
+        state,
+        data,
+        progress=False,
+        iteration_epochs=iteration_epochs,
+        **duration,
+        **evaluate,
+    )
     log = _log(result.state)
     assert COMPOSER_ORDER.fullmatch(" ".join(log) + " "), log
     total = duration.get("steps", duration.get("epochs", 0) * SPE)
@@ -181,9 +187,8 @@ def test_stopping_and_resuming_loses_no_event(duration, stop, every):
     assume(total > 1)
     stop = min(stop, total - 1)
     step, state, data, loss_fn = _setup([Recorder()])
-    evaluate = {} if every is None else {"eval_data": data[:1], "eval_fn": _metrics(loss_fn)}
-    if every is not None:
-        evaluate["eval_every"] = every
+    ev = Evaluator(data[:1], _metrics(loss_fn), every)
+    evaluate = {} if every is None else {"evaluator": ev}
     run = {"progress": False, **duration, **evaluate}
     whole = sbfunc.fit(step, state, data, **run)
     part = sbfunc.fit(step, state, data, stop_after=stop, **run)
@@ -212,7 +217,13 @@ def test_checkpoints_resume_bit_for_bit(tmp_path, save_every, iteration_epochs, 
     step, fresh, data, _ = _setup([Tally()])
     run = {"epochs": 3, "progress": False, "iteration_epochs": iteration_epochs}
     path = str(tmp_path / "s{step}.pt")
-    whole = sbfunc.fit(step, fresh, data, checkpoint=path, save_every=save_every, **run).state
+    whole = sbfunc.fit(
+        step,
+        fresh,
+        data,
+        **run,
+        checkpointing=sbfunc.step.Checkpointing(save_to=path, every=save_every),
+    ).state
     assert sorted(p.name for p in tmp_path.iterdir()) == names
     final = sbfunc.checkpoint.load(tmp_path / names[-1], like=fresh)
     # the last save follows the run's last checkpoint event: only FIT_END comes after it
@@ -222,7 +233,13 @@ def test_checkpoints_resume_bit_for_bit(tmp_path, save_every, iteration_epochs, 
     assert torch.equal(counts - final_counts, torch.eye(len(E), dtype=torch.int64)[fit_end])
     assert_identical(final.params, whole.params)
     for name in names[:-1]:
-        resumed = sbfunc.fit(step, fresh, data, load_from=tmp_path / name, **run).state
+        resumed = sbfunc.fit(
+            step,
+            fresh,
+            data,
+            **run,
+            checkpointing=sbfunc.step.Checkpointing(load_from=tmp_path / name),
+        ).state
         ta, tb = resumed.algorithm_state[0], whole.algorithm_state[0]
         # every count equal but those of the events each call fires after loading (what
         # BEFORE_LOAD did to the template is replaced by the loaded state)
@@ -258,9 +275,13 @@ def test_events_see_the_time_composer_gives_them():
 
     step, state, data, loss_fn = _setup([Clockwatch()])
     sbfunc.fit(
-        step, state, data, steps=SPE, progress=False, eval_data=data[:1],
-        eval_fn=_metrics(loss_fn),
-    )  # fmt: skip
+        step,
+        state,
+        data,
+        steps=SPE,
+        progress=False,
+        evaluator=sbfunc.step.Evaluator(data=data[:1], fn=_metrics(loss_fn)),
+    )
     assert seen == [
         ("BATCH_CHECKPOINT", 1, 0, 1),
         ("BATCH_CHECKPOINT", 2, 0, 2),
@@ -297,9 +318,13 @@ def test_evaluation_metrics_are_row_weighted_and_algorithms_see_the_batch():
     plain, _, _, _ = _setup([])
     eval_data = [data[0], (data[1][0][:1], data[1][1][:1])]  # 4 rows and 1 row
     result = sbfunc.fit(
-        step, state, data, epochs=1, progress=False, eval_data=eval_data,
-        eval_fn=_metrics(loss_fn),
-    )  # fmt: skip
+        step,
+        state,
+        data,
+        epochs=1,
+        progress=False,
+        evaluator=sbfunc.step.Evaluator(data=eval_data, fn=_metrics(loss_fn)),
+    )
     (only,) = result.evaluations
     assert (only.step, only.epoch, only.event) == (3, 1, E.EPOCH_END)
     p, b = result.state.params, result.state.buffers
@@ -308,10 +333,12 @@ def test_evaluation_metrics_are_row_weighted_and_algorithms_see_the_batch():
     assert only.metrics["loss"] == pytest.approx(float(2 * per_row.mean()), rel=1e-6)
     assert int(result.state.algorithm_state[0]) == 1  # EVAL_END's change persists
     # no algorithm: evaluate the state as it is
-    _, metrics = sbfunc.step.evaluate(plain, result.state.replace(algorithm_state=()), eval_data,
-                                      _metrics(loss_fn))  # fmt: skip
-    torch.testing.assert_close(metrics["loss"], torch.cat(
-        [loss_fn(p, b, batch) for batch in eval_data]).mean())  # fmt: skip
+    _, metrics = sbfunc.step.evaluate(
+        plain, result.state.replace(algorithm_state=()), eval_data, _metrics(loss_fn)
+    )
+    torch.testing.assert_close(
+        metrics["loss"], torch.cat([loss_fn(p, b, batch) for batch in eval_data]).mean()
+    )
 
 
 def test_evaluation_runs_without_gradients_and_needs_batches():
@@ -328,8 +355,14 @@ def test_evaluation_runs_without_gradients_and_needs_batches():
 
 def test_the_result_unpacks_as_state_and_history():
     step, state, data, loss_fn = _setup([])
-    result = sbfunc.fit(step, state, data, epochs=1, progress=False, eval_data=data[:1],
-                        eval_fn=_metrics(loss_fn))  # fmt: skip
+    result = sbfunc.fit(
+        step,
+        state,
+        data,
+        epochs=1,
+        progress=False,
+        evaluator=sbfunc.step.Evaluator(data=data[:1], fn=_metrics(loss_fn)),
+    )
     final, history = result
     assert final is result.state and history is result.history and len(history) == SPE
     assert len(result.evaluations) == 1
@@ -337,34 +370,49 @@ def test_the_result_unpacks_as_state_and_history():
 
 def test_steps_duration_ending_mid_epoch_closes_neither_epoch_nor_iteration(tmp_path):
     step, state, data, _ = _setup([Recorder()])
-    result = sbfunc.fit(step, state, data, steps=4, progress=False, checkpoint=tmp_path / "c.pt")
+    result = sbfunc.fit(
+        step,
+        state,
+        data,
+        steps=4,
+        progress=False,
+        checkpointing=sbfunc.step.Checkpointing(save_to=tmp_path / "c.pt"),
+    )
     log = _log(result.state)
     assert log.count("EPOCH_END") == 1 and "ITERATION_END" not in log
     assert log[-3:] == ["BATCH_END", "BATCH_CHECKPOINT", "FIT_END"]
-    saved = sbfunc.checkpoint.load(tmp_path / "c.pt", like=state.replace(
-        algorithm_state=(tuple(log[:-1]),)))  # fmt: skip
+    saved = sbfunc.checkpoint.load(
+        tmp_path / "c.pt", like=state.replace(algorithm_state=(tuple(log[:-1]),))
+    )
     assert saved.time.step == 4  # the final save after the last BATCH_CHECKPOINT
 
 
 @pytest.mark.parametrize(
     ("kwargs", "exc", "msg"),
     [
-        ({"eval_fn": lambda p, b, x: {}}, ValueError, "eval_fn and eval_every need eval_data"),
-        ({"eval_data": [()]}, ValueError, "eval_data needs eval_fn"),
-        ({"eval_data": [()], "eval_fn": 3}, TypeError, "eval_fn must be callable"),
-        ({"eval_data": [()], "eval_fn": len, "eval_every": 2}, TypeError, "eval_every must be"),
+        ({"evaluator": Evaluator(None, len)}, ValueError, "Evaluator needs data"),
+        ({"evaluator": Evaluator([()], None)}, ValueError, "Evaluator needs fn"),
+        ({"evaluator": Evaluator([()], 3)}, TypeError, "Evaluator.fn must be callable"),
+        ({"evaluator": Evaluator([()], len, 2)}, TypeError, "Evaluator.every must be"),
         (
-            {"eval_data": [()], "eval_fn": len, "eval_every": sbfunc.engine.Duration(epochs=0)},
+            {"evaluator": Evaluator([()], len, sbfunc.engine.Duration(epochs=0))},
             ValueError,
-            "eval_every must give exactly one of epochs or steps",
+            "Evaluator.every must give exactly one of epochs or steps",
         ),
         (
-            {"save_every": sbfunc.engine.Duration(steps=1)},
+            {"checkpointing": Checkpointing(every=sbfunc.engine.Duration(steps=1))},
             ValueError,
-            "save_every needs checkpoint",
+            "Checkpointing.every needs save_to",
         ),
-        ({"checkpoint": 3}, TypeError, "checkpoint must be a path"),
-        ({"load_from": 3}, TypeError, "load_from must be a path"),
+        ({"checkpointing": Checkpointing(3)}, TypeError, "Checkpointing.save_to must be a path"),
+        (
+            {"checkpointing": Checkpointing(load_from=3)},
+            TypeError,
+            "Checkpointing.load_from must be a path",
+        ),
+        ({"evaluator": ([()], len)}, TypeError, "evaluator must be an sbfunc.step.Evaluator"),
+        ({"eval_data": [()], "evaluator": Evaluator([()], len)}, TypeError, "not beside it"),
+        ({"eval_datum": [()]}, TypeError, "unexpected keyword arguments"),
         ({"iteration_epochs": 0}, ValueError, "iteration_epochs must be an int >= 1"),
     ],
 )
@@ -372,3 +420,19 @@ def test_validation(kwargs, exc, msg):
     step, state, data, _ = _setup([])
     with pytest.raises(exc, match=msg):
         sbfunc.fit(step, state, data, epochs=1, progress=False, **kwargs)
+
+
+def test_the_1_0_keywords_fold_into_the_groups_with_a_warning(tmp_path):
+    step, state, data, loss_fn = _setup([])
+    run = {"epochs": 1, "progress": False}
+    with pytest.warns(DeprecationWarning) as caught:
+        old = sbfunc.fit(step, state, data, eval_data=data[:1], eval_fn=_metrics(loss_fn), **run)
+    assert [str(w.message).split(" is now")[0] for w in caught] == [
+        "fit(eval_data=...)",
+        "fit(eval_fn=...)",
+    ]
+    new = sbfunc.fit(step, state, data, evaluator=Evaluator(data[:1], _metrics(loss_fn)), **run)
+    assert [e.metrics for e in old.evaluations] == [e.metrics for e in new.evaluations]
+    with pytest.warns(DeprecationWarning, match=r"fit\(checkpoint=...\) is now fit\(checkpoint"):
+        sbfunc.fit(step, state, data, checkpoint=tmp_path / "c.pt", **run)
+    assert (tmp_path / "c.pt").exists()
