@@ -177,7 +177,7 @@ SETUP_NOTES = [
     "`||softmax(z) - onehot(y)||`; `loshchilov(100, b, max_age=2)`; `rho_loss(b, irreducible)`; "
     "`infobatch(r, delta=1)` with `r = min(0.99, (1 - b) / 0.7)` (expected kept share `b` "
     "when 70% of the rows are below the mean recorded loss); `divbs(b)`; "
-    "`bayesian(b, reference=-irreducible)`. Irreducible losses: the same CNN trained on a "
+    "`bayesian(b, reference_losses=irreducible)`. Irreducible losses: the same CNN trained on a "
     "holdout as large as the training set with the same label noise, scored in eval mode.",
     "- Epochs to target: the first evaluation (`evals_per_epoch` an epoch) at or above the "
     "target, "

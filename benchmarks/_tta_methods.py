@@ -85,23 +85,23 @@ def methods(
     f = head_features(cfg.width)
     table["divbs"] = lambda: [sb(cfg, P.divbs(k))]
     table["bayesian"] = lambda: [
-        sb(cfg, P.bayesian(k, num_features=f, num_classes=10, reference=torch.zeros(n)))
+        sb(cfg, P.bayesian(k, num_features=f, num_classes=10, reference_losses=torch.zeros(n)))
     ]
     return table
 
 
 def with_run_tables(method: str, state: Any, irreducible: torch.Tensor) -> Any:
     """The policy state ``state`` of ``method`` with this run's per-id tables: RHO-LOSS's
-    irreducible losses, the Bayesian policy's reference ``-irreducible`` (log-likelihoods)."""
+    irreducible losses, the Bayesian policy's reference losses (the same table)."""
     if method == "rho_loss":
         return P.RhoState(irreducible)
     if method == "bayesian":
-        if "reference" not in getattr(state, "_fields", ()):
+        if "reference_losses" not in getattr(state, "_fields", ()):
             raise ValueError(
-                f"bayesian's state {type(state).__name__} has no 'reference' field: a compiled "
-                "step cannot take each run's reference log-likelihoods"
+                f"bayesian's state {type(state).__name__} has no 'reference_losses' field: a "
+                "compiled step cannot take each run's reference losses"
             )
-        return state._replace(reference=-irreducible.to(state.reference))
+        return state._replace(reference_losses=irreducible.to(state.reference_losses))
     return state
 
 

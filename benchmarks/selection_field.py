@@ -6,7 +6,7 @@ the logit-gradient norm); Loshchilov at the same budget; RHO-LOSS (``rho_loss(b,
 with the holdout-trained irreducible-loss model); InfoBatch aimed at the budget (delta = 1, no
 annealing; ``r = min(0.99, (1 - b) / 0.7)``, whose expected kept share is ``b`` when 70% of
 the rows sit below the mean recorded loss; the measured share is in the table); DivBS
-(``divbs(b)``) and the Bayesian policy (``bayesian(b, reference=-irreducible)``). Budgets
+(``divbs(b)``) and the Bayesian policy (``bayesian(b, reference_losses=irreducible)``). Budgets
 0.1, 0.2, 0.3 on MNIST-1D clean and with 20% symmetric label noise, 3 seeds.
 
 One protocol for every method (the pieces of ``benchmarks/time_to_accuracy.py``): the same

@@ -72,7 +72,12 @@ def rules(cfg: Sizes) -> dict[str, Callable[[], list[Any]]]:
 
     def bayes(draws: int) -> list[Any]:
         ref = torch.zeros(n)
-        return [sb(cfg, P.bayesian(k, num_features=f, num_classes=10, reference=ref, draws=draws))]
+        return [
+            sb(
+                cfg,
+                P.bayesian(k, num_features=f, num_classes=10, reference_losses=ref, draws=draws),
+            )
+        ]
 
     return {
         "plain": lambda: [],

@@ -2,7 +2,7 @@
 
 One row of NaNs in an input poisons every gradient it touches (``0 * nan`` is ``nan`` in the
 backward of a matrix product), so the training step finds the rows whose inputs are not finite
-(:func:`finite_rows`) and neutralises them before the forward (:func:`zero_rows`); selection
+(:func:`finite_rows`) and replaces them before the forward (:func:`substitute_rows`); selection
 ranks non-finite scores last (:func:`finite_entries`); an update is checked in one fused pass
 (:func:`all_finite`) and kept from the state when it fails (:func:`keep_if_finite`, optax's
 ``apply_if_finite`` without a host sync). Shapes stay static and nothing syncs.
@@ -24,8 +24,9 @@ __all__ = [
     "finite_entries",
     "finite_rows",
     "keep_if_finite",
+    "substitute_rows",
+    "trainable_rows",
     "update_finite",
-    "zero_rows",
 ]
 
 
@@ -80,24 +81,40 @@ def finite_rows(batch: Any, *, per_sample: PerSample = None) -> torch.Tensor | N
     return ok
 
 
-def zero_rows(batch: Any, ok: torch.Tensor, *, per_sample: PerSample = None) -> Any:
-    """``batch`` with the rows where ``ok`` is false zeroed in every floating-point per-sample
-    tensor (a new batch; the input is not modified).
-    """
+def trainable_rows(
+    batch: Any, usable: torch.Tensor | None, *, per_sample: PerSample = None
+) -> torch.Tensor | None:
+    """``Tensor[N]`` of bools: the rows a step can train on, their floating-point inputs
+    finite (:func:`finite_rows`) and ``usable`` (what the loss knows: a real target token, a
+    real attention position; ``None``: every row); ``None`` when nothing can be wrong."""
+    ok = finite_rows(batch, per_sample=per_sample)
+    if usable is None:
+        return ok
+    return usable if ok is None else ok & usable.to(ok.device)
 
-    def zero(leaf: torch.Tensor) -> torch.Tensor:
-        if not leaf.is_floating_point():
-            return leaf
-        mask = ok.reshape(-1, *([1] * (leaf.dim() - 1)))
-        return torch.where(mask, leaf, leaf.new_zeros(()))
+
+def substitute_rows(batch: Any, ok: torch.Tensor, *, per_sample: PerSample = None) -> Any:
+    """``batch`` with every row where ``ok`` is false replaced by a copy of the first row where
+    it holds, in every per-sample tensor (a new batch; the input is not modified).
+
+    A row that cannot be trained on (a non-finite input, no real token, an attention mask with
+    no real position) is removed from the computation before the forward: its values never
+    reach a shared tensor, while the batch keeps its shape (no host read, one compiled graph);
+    the step then gives the copy no weight. With no row ok, the batch is unchanged.
+    """
+    n = ok.shape[0]
+    source = torch.where(ok, torch.arange(n, device=ok.device), ok.to(torch.int8).argmax())
+
+    def substitute(leaf: torch.Tensor) -> torch.Tensor:
+        return leaf.index_select(0, source.to(leaf.device))
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
-        return zero(leaf) if _float_rows(leaf, size) else leaf
+        return substitute(leaf) if size is not None and isinstance(leaf, torch.Tensor) else leaf
 
     if _flat(batch, per_sample) is not None:
         if type(batch) is dict:
-            return {k: zero(t) for k, t in batch.items()}
-        return type(batch)(zero(t) for t in batch)
+            return {k: substitute(t) for k, t in batch.items()}
+        return type(batch)(substitute(t) for t in batch)
     return walk(batch, per_sample, visit, rebuild=True)
 
 

@@ -9,7 +9,7 @@ bytes ``0..255`` with :data:`PAD_ID` after the end of a document, ``attention_ma
 
 **Labels are not shifted**, as Hugging Face causal LMs expect: ``labels`` equals
 ``input_ids`` with :data:`IGNORE_INDEX` (``-100``) on padding, and the loss shifts (the
-logits at ``t`` predict ``labels[t + 1]``: :func:`sbfunc.models.next_token_loss`,
+logits at ``t`` predict ``labels[t + 1]``: :data:`sbfunc.module.next_token_cross_entropy`,
 ``transformers``' ``ForCausalLMLoss``). Padding is on the right, so a causal model's outputs
 at real positions never see it.
 """

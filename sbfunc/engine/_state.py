@@ -199,6 +199,13 @@ class Context(NamedTuple):
             that changes them there changes the update).
         sample_weights: per-sample loss weights set by selection policies, or ``None``
             (a change takes effect up to ``BEFORE_BACKWARD``).
+        token_losses: for a loss over tokens (:class:`sbfunc.module.TokenLosses`) under the
+            step's ``"tokens"`` objective, the ``[N, T...]`` token losses (``AFTER_LOSS`` and
+            ``BEFORE_BACKWARD``, differentiable); ``None`` otherwise.
+        token_weights: their ``[N, T...]`` weights in the objective: 1 for a real token, 0
+            for padding; an algorithm that sets new ones on ``AFTER_LOSS`` or
+            ``BEFORE_BACKWARD`` (a token selection) changes what is backpropagated, the mean
+            of the token losses under them.
         samples_scored: rows forwarded by scoring passes during this step.
         rows_unscorable: rows a selection left out during this step that could not be
             scored (a non-finite score or input), a 0-d ``int64`` tensor on the device;
@@ -234,6 +241,8 @@ class Context(NamedTuple):
     losses: torch.Tensor | None = None
     grads: Params | None = None
     sample_weights: torch.Tensor | None = None
+    token_losses: torch.Tensor | None = None
+    token_weights: torch.Tensor | None = None
     samples_scored: int = 0
     rows_unscorable: torch.Tensor | None = None
     kept: Selection | None = None

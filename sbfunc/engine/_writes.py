@@ -28,7 +28,16 @@ _UP_TO_BACKWARD = frozenset(  # AFTER_DATALOADER ... BEFORE_BACKWARD
     _ORDER[_ORDER.index(Event.AFTER_DATALOADER) : _ORDER.index(Event.BEFORE_BACKWARD) + 1]
 )
 _LOSS = frozenset({Event.AFTER_LOSS, Event.BEFORE_BACKWARD})
-_BATCH_VALUES = ("batch", "outputs", "loss", "losses", "grads", "sample_weights")
+_BATCH_VALUES = (
+    "batch",
+    "outputs",
+    "loss",
+    "losses",
+    "grads",
+    "sample_weights",
+    "token_losses",
+    "token_weights",
+)
 
 _COUNTERS = {"time": _NEVER, "samples_scored": _NEVER, "rows_unscorable": _NEVER, "kept": _NEVER}
 OUTSIDE_STEP: Writable = _COUNTERS | {f: _NEVER for f in _BATCH_VALUES}
@@ -36,7 +45,8 @@ OUTSIDE_STEP: Writable = _COUNTERS | {f: _NEVER for f in _BATCH_VALUES}
 ``opt_state`` and the algorithm's own state are kept."""
 
 EVALUATION: Writable = _COUNTERS | {
-    f: _NEVER for f in ("loss", "losses", "grads", "sample_weights")
+    f: _NEVER
+    for f in ("loss", "losses", "grads", "sample_weights", "token_losses", "token_weights")
 }
 """On the evaluation events the ``batch`` and the ``outputs`` (the metrics) are read too."""
 
@@ -59,6 +69,8 @@ def in_step(*, staged: bool) -> Writable:
         "time": _NEVER,
         "loss": _LOSS,
         "losses": _LOSS,
+        "token_losses": _LOSS,
+        "token_weights": _LOSS,
         "sample_weights": _UP_TO_BACKWARD,
         "grads": frozenset({Event.AFTER_BACKWARD}),
         "outputs": outputs,

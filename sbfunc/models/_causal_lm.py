@@ -69,9 +69,9 @@ class CausalLM(nn.Module):
     and what it gives is ``nn.MultiheadAttention``'s: with torch 2.13, meaningless finite
     logits through the attention kernel used with grad (zeros out of the attention), NaN
     through the fused kernel of an eval-mode forward without grad (a softmax over nothing).
-    Leave such rows out or let the step's non-finite rule handle them (their labels are all
-    ignored, so :func:`next_token_loss` gives them 0 either way). Left padding is not
-    supported: the leading padded positions attend to nothing and, where they come out NaN,
+    A training step leaves such rows out before the forward (their labels are all ignored, so
+    :data:`sbfunc.module.next_token_cross_entropy` has no real token in them). Left padding is
+    not supported: the leading padded positions attend to nothing and, where they come out NaN,
     spoil the later positions.
 
     Because the attention is ``nn.MultiheadAttention`` and the position embedding an

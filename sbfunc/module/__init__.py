@@ -23,6 +23,12 @@ from sbfunc.module._eval import EvalOutputs, eval_outputs, predict
 from sbfunc.module._io import Inputs, Mode, Output, draws_randomness, mode_dependent, module_mode
 from sbfunc.module._loss import ModuleLoss, per_sample_loss, reduce_per_sample, split_module
 from sbfunc.module._state import check_state
+from sbfunc.module._tokens import (
+    TokenCrossEntropy,
+    TokenLosses,
+    next_token_cross_entropy,
+    token_cross_entropy,
+)
 
 __all__ = [
     "EvalOutputs",
@@ -31,6 +37,8 @@ __all__ = [
     "ModuleLoss",
     "Output",
     "TargetKind",
+    "TokenCrossEntropy",
+    "TokenLosses",
     "accepts_reduction",
     "check_loss_fn",
     "check_state",
@@ -39,11 +47,13 @@ __all__ = [
     "eval_outputs",
     "mode_dependent",
     "module_mode",
+    "next_token_cross_entropy",
     "per_sample_loss",
     "predict",
     "reduce_per_sample",
     "split_module",
     "target_kind",
+    "token_cross_entropy",
 ]
 
 

@@ -29,6 +29,7 @@ from sbfunc.module._io import (
     read_inputs,
     select_output,
 )
+from sbfunc.module._tokens import TokenLosses, TokenTargets, token_losses_of
 from sbfunc.types import Params
 
 __all__ = ["ModuleLoss", "per_sample_loss", "reduce_per_sample", "split_module"]
@@ -124,6 +125,8 @@ def per_sample_loss(
     target: Field = 1,
     output: Output = None,
     mode: Mode = "auto",
+    ignore_index: int | None = -100,
+    attention_mask: Field | None = "auto",
 ) -> ModuleLoss:
     """Bridge an ``nn.Module`` and a criterion to a per-sample loss function.
 
@@ -176,6 +179,13 @@ def per_sample_loss(
         output: how to read the logits from the module's result (:data:`Output`): ``None``,
             an attribute name or mapping key, an int index, or a callable.
         mode: the module's mode during the call (:data:`Mode`, see above).
+        ignore_index: the target label of a token that is not real (torch's and Hugging
+            Face's -100; a criterion's own ``ignore_index`` takes precedence); ``None``: every
+            target is real.
+        attention_mask: the batch field of the attention mask (``[N, L]``, nonzero at real
+            positions): a row with no real position is left out of a step before the forward.
+            ``"auto"`` (the default): the ``"attention_mask"`` field of a mapping batch that
+            has one (Hugging Face's name); ``None``: none.
 
     Returns:
         A :class:`ModuleLoss`: a :class:`LossFn` that also exposes ``forward`` and
@@ -219,7 +229,16 @@ def per_sample_loss(
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers";
         Hugging Face Transformers ``ModelOutput`` (``outputs.logits``).
     """
-    return ModuleLoss(module, criterion, input=input, target=target, output=output, mode=mode)
+    return ModuleLoss(
+        module,
+        criterion,
+        input=input,
+        target=target,
+        output=output,
+        mode=mode,
+        ignore_index=ignore_index,
+        attention_mask=attention_mask,
+    )
 
 
 def _has_tied_tensors(module: nn.Module) -> bool:
@@ -260,6 +279,8 @@ class ModuleLoss:
         target: Field = 1,
         output: Output = None,
         mode: Mode = "auto",
+        ignore_index: int | None = -100,
+        attention_mask: Field | None = "auto",
     ) -> None:
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
@@ -267,6 +288,7 @@ class ModuleLoss:
         self.raw_criterion = criterion
         self._criterion = _per_element_criterion(criterion)
         self._target_kind = target_kind(criterion)
+        self.tokens = TokenTargets.of(criterion, self._target_kind, ignore_index, attention_mask)
         self.input, self.target = check_inputs(input), target
         self.output, self.mode = check_output(output), check_mode(mode)
         # functional_call unties shared tensors on every call unless told there are none.
@@ -297,6 +319,8 @@ class ModuleLoss:
             target=self.target,
             output=self.output,
             mode=mode,
+            ignore_index=self.tokens.ignore_index,
+            attention_mask=self.tokens.attention_mask,
         )
 
     def forward(self, params: Params, buffers: Params, batch: Any) -> Any:
@@ -309,13 +333,31 @@ class ModuleLoss:
             )
         return select_output(outputs, self.output)
 
-    def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:
-        """Per-sample losses ``[N]`` of the logits ``outputs`` against the batch's target."""
+    def elements(self, outputs: Any, batch: Any) -> torch.Tensor | TokenLosses:
+        """The criterion's losses of the logits ``outputs``: :class:`TokenLosses` for a loss
+        over tokens (a token criterion, or torch's class criteria on ``[N, T...]`` integer
+        targets), else the loss per row or per element, ``[N, ...]``."""
         target = extract(batch, self.target, "target")
         check_target(self._target_kind, outputs, target)
         losses = self._criterion(outputs, target)
+        tokens = token_losses_of(losses, target, self.tokens.ignore_index)
+        return losses if tokens is None else tokens
+
+    def criterion(self, outputs: Any, batch: Any) -> torch.Tensor:
+        """Per-sample losses ``[N]`` of the logits ``outputs`` against the batch's target: the
+        mean over each row's real tokens for a loss over tokens (NaN for a row without one),
+        else the mean over the trailing dimensions."""
+        losses = self.elements(outputs, batch)
+        if isinstance(losses, TokenLosses):
+            return losses.row_means()
         n = outputs.shape[0] if isinstance(outputs, torch.Tensor) and outputs.dim() > 0 else None
         return reduce_per_sample(losses, n)
+
+    def usable_rows(self, batch: Any) -> torch.Tensor | None:
+        """``Tensor[N]`` of bools, read from the batch alone (before any forward): the rows
+        with a real target token and a real position in the attention mask; ``None`` when
+        neither can be known (every row counts)."""
+        return self.tokens.usable(batch, self.target)
 
     def __call__(self, params: Params, buffers: Params, batch: Any) -> torch.Tensor:
         return self.criterion(self.forward(params, buffers, batch), batch)

@@ -5,14 +5,14 @@ under a last-layer Kronecker-factored Laplace posterior."""
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
 from sbfunc.policies._last_layer import last_layer_errors
-from sbfunc.policies._tables import id_table, lookup_by_id
+from sbfunc.policies._tables import lookup_by_id, loss_table
 from sbfunc.score import Signals
 from sbfunc.select import Selection, check_keep, kept_count, top_k_indices
 from sbfunc.validation import check_fraction, check_int, check_real, check_tensor
@@ -34,7 +34,8 @@ class BayesianState(NamedTuple):
             softmax errors ``E = softmax(z) - onehot(y)`` (the official code's ``G``).
         rows: ``int64`` 0-d, the rows the factors have seen (0: no posterior yet, the draws
             are the mean logits).
-        reference: ``Tensor[M]`` of reference log-likelihoods by sample id, or ``None``.
+        reference_losses: ``Tensor[M]`` of a reference model's losses by sample id, or
+            ``None``.
 
     Example:
         >>> from sbfunc.policies import bayesian
@@ -50,7 +51,7 @@ class BayesianState(NamedTuple):
     features: torch.Tensor
     classes: torch.Tensor
     rows: torch.Tensor
-    reference: torch.Tensor | None = None
+    reference_losses: torch.Tensor | None = None
 
 
 class _Config(NamedTuple):
@@ -67,12 +68,13 @@ def bayesian(
     *,
     num_features: int,
     num_classes: int,
-    reference: torch.Tensor | None = None,
+    reference_losses: torch.Tensor | None = None,
     alpha: float = 0.2,
     draws: int = 256,
     decay: float = 0.99,
     prior_precision: float = 10.0,
     num_effective_data: float = 200.0,
+    **removed: Any,
 ) -> Policy:
     """Bayesian data selection: the ``k = max(1, floor(keep*N))`` rows of highest
     ``alpha * E_q[log p(y|f)] + (1 - alpha) * log p_ref(y|x) - log E_q[p(y|f)]``.
@@ -88,11 +90,14 @@ def bayesian(
     onehot(y)``, updated after each selection (the first update copies); before any update
     every draw is ``z`` and the score is ``(1 - alpha) * (loss - reference loss)``, RHO-LOSS.
 
-    ``reference[id]`` is ``log p_ref(y|x)`` of sample ``id`` under a reference model (minus
-    RHO-LOSS's irreducible loss; the paper's zero-shot CLIP), a per-id table in the state as
-    :func:`~sbfunc.policies.rho_loss` keeps it (ids required, in ``[0, len(reference))``,
-    checked as there). With ``reference=None`` the term is dropped, which selects the same rows
-    as a uniform reference (a constant ``-log C``).
+    ``reference_losses[id]`` is ``-log p_ref(y|x)``, the loss of sample ``id`` under a
+    reference model (RHO-LOSS's irreducible loss; the paper's zero-shot CLIP): the one sign
+    convention of every sbfunc policy that takes a reference, so the table of
+    :func:`~sbfunc.policies.rho_loss` serves as it is. It is a per-id table in the state as
+    ``rho_loss`` keeps it (ids required, in ``[0, len(reference_losses))``, checked as there);
+    a table of log-likelihoods (no positive entry) is refused. With ``reference_losses=None``
+    the term is dropped, which selects the same rows as a uniform reference (a constant
+    ``log C``).
 
     Needs the signals ``logits``, ``features`` and ``targets`` (class indices); the scores are
     read only for their finiteness (the loss is the cross-entropy of the logits): a row with a
@@ -108,8 +113,8 @@ def bayesian(
         keep: fraction kept, in (0, 1] (the code's ``select_rate``, 0.1).
         num_features: ``D``, the width of the head's input.
         num_classes: ``C``, the number of logits.
-        reference: ``Tensor[M]`` floating, the reference log-likelihood by sample id (one
-            entry per dataset index), or ``None``.
+        reference_losses: ``Tensor[M]`` floating, the reference's loss (``-log p_ref``, >= 0)
+            by sample id (one entry per dataset index), or ``None``.
         alpha: the weight of the model's own term, in [0, 1] (code: 0.5 by default, 0.2 for
             CIFAR-10 and 0.3 for CIFAR-100 in its README).
         draws: Monte-Carlo draws of the logits per row (code: 256).
@@ -124,10 +129,10 @@ def bayesian(
 
     Raises:
         TypeError: for an argument of the wrong type.
-        ValueError: for an argument out of range (an empty ``reference``); at ``select``, for
-            missing signals, signals of another width than ``num_features`` /
-            ``num_classes``, missing ``ids`` with a ``reference``, or (CPU ids, eager code) an
-            id outside ``[0, len(reference))``.
+        ValueError: for an argument out of range (an empty ``reference_losses``, or one that
+            holds log-likelihoods); at ``select``, for missing signals, signals of another width
+            than ``num_features`` / ``num_classes``, missing ``ids`` with a reference, or (CPU
+            ids, eager code) an id outside ``[0, len(reference_losses))``.
 
     Example:
         >>> from sbfunc.policies import bayesian
@@ -146,6 +151,7 @@ def bayesian(
         ``clip_prioritized_train_bayes_ema.py`` (lines 195-199: the score; 337-349: the
         posterior draws; 354-373: the factor updates; 68-79: the defaults).
     """
+    _refuse_removed(removed)
     cfg = _Config(
         check_keep(keep),
         check_fraction(alpha, "alpha", fix="alpha weighs the model's term against the reference"),
@@ -159,9 +165,9 @@ def bayesian(
         check_int(num_classes, "num_classes", low=1),
     )
     table = None
-    if reference is not None:
-        table = id_table(
-            reference, "reference", "index it by sample id: Tensor[M] of log p_ref(y|x)"
+    if reference_losses is not None:
+        table = loss_table(
+            reference_losses, "reference_losses", "index it by sample id: Tensor[M] of losses"
         )
 
     def init() -> BayesianState:
@@ -174,9 +180,10 @@ def bayesian(
     ) -> tuple[Selection, BayesianState]:
         signals = _checked(a.signals, dims)
         reference_ll = None
-        if state.reference is not None:
+        if state.reference_losses is not None:
             ids = check_ids(a.ids, scores.shape[0], "bayesian")
-            reference_ll = lookup_by_id(state.reference, ids, "reference", "bayesian")
+            lookup = lookup_by_id(state.reference_losses, ids, "reference_losses", "bayesian")
+            reference_ll = -lookup
         noise_key, tie_key = sbrandom.split(a.key)
         objective = _objective(scores, signals, state, reference_ll, noise_key, cfg)
         tie_noise = sbrandom.bits(tie_key, (scores.shape[0],), device=scores.device)
@@ -184,6 +191,18 @@ def bayesian(
         return Selection(kept), _update(state, signals, kept, torch.isfinite(objective), cfg)
 
     return make_policy(init, rule, needs=("logits", "features", "targets"))
+
+
+def _refuse_removed(removed: dict[str, Any]) -> None:
+    """Refuse 1.0's ``reference=`` (log-likelihoods, the other sign) by name."""
+    if "reference" in removed:
+        raise TypeError(
+            "bayesian(reference=...) took log-likelihoods; since sbfunc 1.1 the reference is "
+            "reference_losses=, the reference model's losses (-log p >= 0, the sign of "
+            "rho_loss's irreducible, so one table serves both): pass reference_losses=-reference"
+        )
+    if removed:
+        raise TypeError(f"bayesian() got unexpected keyword arguments {sorted(removed)}")
 
 
 def _checked(signals: Signals | None, dims: tuple[int, int]) -> Signals:
@@ -277,4 +296,4 @@ def _update(
     w = torch.where(count > 0, first, 0.0).to(state.features.dtype)
     features = state.features * (1.0 - w) + (h.T @ h) * (per_row * w)
     classes = state.classes * (1.0 - w) + (e.T @ e) * (per_row * w)
-    return BayesianState(features, classes, state.rows + count, state.reference)
+    return BayesianState(features, classes, state.rows + count, state.reference_losses)

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
-from sbfunc.policies._tables import id_table, lookup_by_id
+from sbfunc.policies._tables import lookup_by_id, loss_table
 from sbfunc.policies._top_k import top_k_selection
 from sbfunc.select import Selection, check_keep
 
@@ -70,7 +70,7 @@ def rho_loss(keep: float, irreducible: torch.Tensor) -> Policy:
         Learning, and Not Yet Learnt".
     """
     keep = check_keep(keep)
-    table = id_table(irreducible, "irreducible", "index it by sample id, Tensor[M]")
+    table = loss_table(irreducible, "irreducible", "index it by sample id, Tensor[M]")
 
     def init() -> RhoState:
         return RhoState(table)

@@ -17,6 +17,7 @@ __all__ = [
     "history_push",
     "id_table",
     "lookup_by_id",
+    "loss_table",
     "table_init",
     "table_lookup",
     "table_needs",
@@ -266,6 +267,30 @@ def id_table(table: torch.Tensor, name: str, fix: str) -> torch.Tensor:
     if table.shape[0] == 0:
         raise ValueError(f"{name} must have one entry per sample id, got an empty tensor: {fix}")
     return table.detach().clone()
+
+
+def loss_table(table: torch.Tensor, name: str, fix: str) -> torch.Tensor:
+    """:func:`id_table` of a reference's *losses* (``-log p``, the one sign convention of every
+    policy that takes a reference): a table with a negative entry and no positive one holds
+    log-likelihoods, the other sign, and is refused (read once, at construction).
+
+    Raises:
+        TypeError, ValueError: as :func:`id_table`; ``ValueError`` for log-likelihoods.
+
+    Example:
+        >>> loss_table(torch.tensor([-0.1, -2.3]), "irreducible", "index it by sample id")
+        Traceback (most recent call last):
+        ...
+        ValueError: irreducible must hold losses (-log p >= 0, ...); pass -irreducible ...
+    """
+    table = id_table(table, name, fix)
+    if bool((table.max() <= 0) & (table.min() < 0)):
+        raise ValueError(
+            f"{name} must hold losses (-log p >= 0, as every sbfunc policy's reference does), "
+            f"got values in [{float(table.min()):.4g}, {float(table.max()):.4g}], which look "
+            f"like log-likelihoods; pass -{name} (the losses) instead"
+        )
+    return table
 
 
 def lookup_by_id(table: torch.Tensor, ids: torch.Tensor, name: str, policy: str) -> torch.Tensor:

@@ -8,11 +8,11 @@ from typing import Any
 import torch
 
 from sbfunc.batch import Field, batch_device, batch_size
-from sbfunc.module import check_loss_fn, reduce_per_sample
+from sbfunc.module import ModuleLoss, check_loss_fn, reduce_per_sample
 from sbfunc.score._downsample import check_scale_factor, downsample_batch
 from sbfunc.types import LossFn, Params, PerSample
 
-__all__ = ["score_losses", "scoring_precision"]
+__all__ = ["score_losses", "scoring_precision", "unusable_as_nan"]
 
 
 def scoring_precision(
@@ -88,4 +88,15 @@ def score_losses(
     scored = downsample_batch(batch, scale_factor, input=input)
     with torch.no_grad(), scoring_precision(params, dtype):
         losses = reduce_per_sample(loss_fn(params, buffers, scored), n).detach()
-    return losses if dtype is None else losses.float()
+    return unusable_as_nan(loss_fn, batch, losses if dtype is None else losses.float())
+
+
+def unusable_as_nan(loss_fn: LossFn, batch: Any, losses: torch.Tensor) -> torch.Tensor:
+    """``losses`` with NaN for the rows a step cannot train on (no real target token, no real
+    attention position: :meth:`sbfunc.module.ModuleLoss.usable_rows`), whatever the scoring
+    forward gave them (an eval-mode encoder may return finite values for an empty row): every
+    policy ranks them last, and a selection counts them as unscorable."""
+    usable = loss_fn.usable_rows(batch) if isinstance(loss_fn, ModuleLoss) else None
+    if usable is None:
+        return losses
+    return torch.where(usable.to(losses.device), losses, losses.new_full((), torch.nan))

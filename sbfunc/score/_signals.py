@@ -23,7 +23,7 @@ from torch.utils.hooks import RemovableHandle
 from sbfunc.batch import Field, batch_device, batch_size, extract
 from sbfunc.module import ModuleLoss, reduce_per_sample
 from sbfunc.score._downsample import downsample_batch
-from sbfunc.score._losses import scoring_precision
+from sbfunc.score._losses import scoring_precision, unusable_as_nan
 from sbfunc.types import LossFn, Params, PerSample
 
 __all__ = [
@@ -230,7 +230,9 @@ class SignalScorer:
         logits = loss_fn.forward(params, buffers, batch)
         features = self._features(logits) if "features" in needs else None
         n = logits.shape[0]
-        losses = reduce_per_sample(loss_fn.criterion(logits, batch), n)
+        losses = unusable_as_nan(
+            loss_fn, batch, reduce_per_sample(loss_fn.criterion(logits, batch), n)
+        )
         return losses, Signals(
             logits.detach() if "logits" in needs else None,
             features.detach().reshape(n, -1) if features is not None else None,

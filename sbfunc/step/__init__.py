@@ -14,7 +14,7 @@ from sbfunc.step._fit_options import Checkpointing, Evaluator
 from sbfunc.step._guard import NonFinite
 from sbfunc.step._loop import FitResult, fit
 from sbfunc.step._replicas import ONE_PROCESS, Replicas
-from sbfunc.step._sequence import NonFiniteRowsWarning
+from sbfunc.step._sequence import NonFiniteRowsWarning, SkippedUpdatesWarning
 from sbfunc.step._train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "NonFinite",
     "NonFiniteRowsWarning",
     "Replicas",
+    "SkippedUpdatesWarning",
     "StepMetrics",
     "StepPlan",
     "TrainStep",

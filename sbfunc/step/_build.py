@@ -8,11 +8,13 @@ from sbfunc._rows import check_per_sample
 from sbfunc.engine import DEFAULT_PASSES, Algorithm, Pass
 from sbfunc.module import ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation, scales_loss
+from sbfunc.step._means import ObjectiveKind
 from sbfunc.step._microbatch import microbatching
 from sbfunc.step._objective import AUTOCAST, Precision
 from sbfunc.step._replicas import ONE_PROCESS, Replicas
 from sbfunc.step._train_step import NonFinite, TrainStep
 from sbfunc.types import LossFn, PerSample
+from sbfunc.validation import check_choice
 
 __all__ = ["make_train_step"]
 
@@ -30,6 +32,7 @@ def make_train_step(
     per_sample: PerSample = None,
     replicas: Replicas = ONE_PROCESS,
     precision: Precision = "fp32",
+    objective: ObjectiveKind = "tokens",
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -95,11 +98,15 @@ def make_train_step(
             :data:`~sbfunc.step.ONE_PROCESS` (default) or
             :class:`sbfunc.distributed.DataParallel`.
         precision: ``"fp32"`` (default: no autocast), ``"amp_bf16"`` or ``"amp_fp16"``.
+        objective: for a loss over tokens (:class:`sbfunc.module.TokenLosses`: a token
+            criterion, or cross-entropy of ``[N, T...]`` integer labels), what the step
+            averages: ``"tokens"`` (default: every real token of the batch, Hugging Face's
+            loss) or ``"rows"`` (the mean of the rows' means). Any other loss averages rows.
 
     Raises:
         TypeError: for a wrong type of argument or a malformed ``per_sample`` spec.
-        ValueError: for ``nonfinite`` or ``precision`` out of their values, ``"amp_fp16"``
-            without :func:`sbfunc.optim.dynamic_loss_scale`, a loss scale with
+        ValueError: for ``nonfinite``, ``precision`` or ``objective`` out of their values,
+            ``"amp_fp16"`` without :func:`sbfunc.optim.dynamic_loss_scale`, a loss scale with
             ``nonfinite="allow"``, or an algorithm pruning with another ``per_sample`` spec
             than ``per_sample``.
 
@@ -150,6 +157,7 @@ def make_train_step(
     if nonfinite not in ("skip", "raise", "allow"):
         raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
     _check_precision(precision, optimizer, nonfinite)
+    check_choice(objective, "objective", ("tokens", "rows"))
     if keyed_model is None:
         keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
     elif not isinstance(keyed_model, bool):
@@ -175,6 +183,7 @@ def make_train_step(
         per_sample=per_sample,
         replicas=replicas,
         precision=precision,
+        objective=objective,
     )
 
 

@@ -4,22 +4,25 @@
 out of the update and keeps a non-finite update from the state, counting both; ``"raise"``
 raises ``FloatingPointError`` instead (reading the flags syncs); ``"allow"`` applies every
 update as it is and counts nothing. The guard acts at three points of the step: before the
-forward it zeroes the rows whose inputs are not finite (:meth:`NonFiniteGuard.mask`, see
-:mod:`sbfunc.step`); after the update it keeps the old parameters, optimizer state
-and buffers when the loss or a gradient is not finite (:meth:`NonFiniteGuard.keep`, as optax
-``apply_if_finite``, without a host sync; a loss scale's backed-off scale is kept,
-:func:`opt_state_on_skip`); and it counts the rows left out
-(:meth:`NonFiniteGuard.rows_left_out`), with those a selection left out for a non-finite
-score, and raises on them with ``"raise"`` (:meth:`NonFiniteGuard.check`).
+forward it replaces the rows the step cannot train on (an input that is not finite; for a
+:func:`sbfunc.per_sample_loss`, a row without a real target token or attention position) by a
+copy of a usable row given no weight (:meth:`NonFiniteGuard.mask`), so they never reach a
+shared tensor and the rest of the batch trains; after the update it keeps the old parameters,
+optimizer state and buffers when the loss or a gradient is not finite (:meth:`NonFiniteGuard.keep`,
+as optax ``apply_if_finite``, without a host sync; a loss scale's backed-off scale is kept,
+:func:`opt_state_on_skip`); and it counts the rows left out (:meth:`NonFiniteGuard.rows_left_out`),
+with those a selection left out for a non-finite score, and raises on them with ``"raise"``
+(:meth:`NonFiniteGuard.check`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 import torch
 
-from sbfunc._finite import finite_rows, keep_if_finite, update_finite, zero_rows
+from sbfunc._finite import keep_if_finite, substitute_rows, trainable_rows, update_finite
 from sbfunc._tracing import host_flag
 from sbfunc.engine import Carry
 from sbfunc.optim import LossScaleState
@@ -52,19 +55,28 @@ class NonFiniteGuard(NamedTuple):
 
     mode: NonFinite
     per_sample: PerSample
+    usable: Callable[[Any], torch.Tensor | None] | None = None
+
+    def rows_ok(self, batch: Any) -> torch.Tensor | None:
+        """``Tensor[N]``: the rows a step can train on, their floating-point inputs finite
+        and, when the loss can tell (``usable``: a real target token, a real attention
+        position), usable; ``None`` when nothing can be wrong."""
+        usable = None if self.usable is None else self.usable(batch)
+        return trainable_rows(batch, usable, per_sample=self.per_sample)
 
     def mask(self, carry: Carry) -> tuple[Carry, torch.Tensor | None]:
-        """``(carry, ok)``: the carry with the batch's non-finite rows zeroed and the
-        ``Tensor[N]`` mask of finite rows; ``(carry, None)`` as it came with ``"allow"``, when
-        every row is known to be finite (eagerly on the CPU, where reading the flag costs no
-        sync) or when the batch has no floating-point rows."""
+        """``(carry, ok)``: the carry with the rows the step cannot train on replaced by a
+        usable row's copy (:func:`substitute_rows`, given no weight) and the ``Tensor[N]`` mask
+        of usable rows; ``(carry, None)`` as it came with ``"allow"``, when every row is known
+        to be usable (eagerly on the CPU, where reading the flag costs no sync) or when
+        nothing can be wrong."""
         if self.mode == "allow":
             return carry, None
         batch = carry.context.batch
-        ok = finite_rows(batch, per_sample=self.per_sample)
+        ok = self.rows_ok(batch)
         if ok is None or host_flag(ok.all()):
             return carry, None
-        masked = zero_rows(batch, ok, per_sample=self.per_sample)
+        masked = substitute_rows(batch, ok, per_sample=self.per_sample)
         return carry._replace(context=carry.context._replace(batch=masked)), ok
 
     def keep(

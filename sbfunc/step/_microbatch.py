@@ -31,7 +31,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size, take
 from sbfunc.engine import Carry, Context
-from sbfunc.step._objective import Fire, Objective
+from sbfunc.step._objective import Differentiated, Fire, Objective
 from sbfunc.types import Params, PerSample
 
 __all__ = ["Microbatching", "accumulate", "microbatching"]
@@ -103,7 +103,7 @@ def microbatching(microbatches: int | None, microbatch_size: int | None) -> Micr
     return Microbatching(microbatches, microbatch_size)
 
 
-def _scaled_sum(total: Params | None, grads: Params, scale: float) -> Params:
+def _scaled_sum(total: Params | None, grads: Params, scale: float | torch.Tensor) -> Params:
     if total is None:
         return {k: g * scale for k, g in grads.items()}
     return {k: total[k] + g * scale for k, g in grads.items()}
@@ -146,23 +146,23 @@ def accumulate(
     Returns:
         ``(carry, grads, loss, used, rows)``: the carry with the whole kept batch and weights
         back, the concatenated per-sample losses (and outputs) and the last chunk's buffers;
-        the accumulated gradient (scaled as the loss); the whole batch's weighted mean loss;
-        the rows the loss used (``None`` when not masking); the number of rows
+        the accumulated gradient (scaled as the loss); the whole batch's weighted mean loss
+        (chunks combine by their share of the rows, or of the token weight under a token
+        objective); the rows the loss used (``None`` when not masking); the number of rows
         backpropagated.
     """
     batch, weights = carry.context.batch, carry.context.sample_weights
     rows = batch_size(batch, per_sample=per_sample)
     sizes = () if split is None else split.sizes(rows)
 
-    def run(
-        c: Carry, part: torch.Tensor | None
-    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
+    def run(c: Carry, part: torch.Tensor | None) -> Differentiated:
         key = None if model_key is None or c.step_key is None else model_key(c.step_key)
         return objective(c, fire, inside=inside, model_key=key, ok=part, scale=scale)
 
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
-        carry, grads, loss, used = run(carry, ok)
-        return carry, grads, loss, used, batch_size(carry.context.batch, per_sample=per_sample)
+        d = run(carry, ok)
+        rows = batch_size(d.carry.context.batch, per_sample=per_sample)
+        return d.carry, d.grads, d.loss, d.used, rows
     params = carry.context.params
     device = params[next(iter(params))].device if params else None
     base_key, acc, start = carry.step_key, _Accumulated(), 0
@@ -171,8 +171,8 @@ def accumulate(
                                    per_sample=per_sample),
                        None if weights is None else weights[start : start + n],
                        _chunk_key(base_key, c))  # fmt: skip
-        carry, grads, loss, used = run(carry, None if ok is None else ok[start : start + n])
-        acc = acc.add(grads, loss, carry.context, used, n / rows)
+        d = run(carry, None if ok is None else ok[start : start + n])
+        carry, acc = d.carry, acc.add(d, n / rows)
         start += n
     ctx = acc.context(carry.context._replace(batch=batch, sample_weights=weights))
     return carry._replace(context=ctx, step_key=base_key), *acc.results(), rows
@@ -194,30 +194,32 @@ def _chunk(
 
 
 class _Accumulated(NamedTuple):
-    """The chunks' sums so far: gradients and loss weighted by each chunk's share of the rows,
-    and the per-row losses, outputs and used-row masks in row order."""
+    """The chunks' sums so far: gradients and loss weighted by each chunk's share of the rows
+    (or, under a token objective, by its token weight, divided by the total at the end), and
+    the per-row losses, outputs and used-row masks in row order."""
 
     grads: Params | None = None
     loss: torch.Tensor | None = None
     losses: tuple[torch.Tensor, ...] = ()
     outputs: tuple[object, ...] = ()
     masks: tuple[torch.Tensor, ...] = ()
+    total: torch.Tensor | None = None
 
-    def add(
-        self,
-        grads: Params,
-        loss: torch.Tensor,
-        ctx: Context,
-        used: torch.Tensor | None,
-        share: float,
-    ) -> _Accumulated:
-        losses = ctx.losses if ctx.losses is not None else loss.new_zeros(0)
+    def add(self, d: Differentiated, rows_share: float) -> _Accumulated:
+        ctx, loss, grads = d.carry.context, d.loss, d.grads
+        share: float | torch.Tensor = rows_share
+        if d.weight is not None:  # a chunk without token weight adds nothing (not its NaN)
+            share = d.weight
+            loss = torch.where(d.weight > 0, loss, loss.new_zeros(()))
+            grads = {k: torch.where(d.weight > 0, g, g.new_zeros(())) for k, g in grads.items()}
+        total = None if d.weight is None else d.weight + (0 if self.total is None else self.total)
         return _Accumulated(
             _scaled_sum(self.grads, grads, share),
             loss * share if self.loss is None else self.loss + loss * share,
-            (*self.losses, losses),
+            (*self.losses, ctx.losses if ctx.losses is not None else loss.new_zeros(0)),
             (*self.outputs, ctx.outputs),
-            self.masks if used is None else (*self.masks, used),
+            self.masks if d.used is None else (*self.masks, d.used),
+            total,
         )
 
     def context(self, ctx: Context) -> Context:
@@ -229,4 +231,8 @@ class _Accumulated(NamedTuple):
     def results(self) -> tuple[Params, torch.Tensor, torch.Tensor | None]:
         """``(grads, loss, used)``: the whole batch's gradient, loss and used rows."""
         assert self.grads is not None and self.loss is not None
-        return self.grads, self.loss, torch.cat(self.masks) if self.masks else None
+        used = torch.cat(self.masks) if self.masks else None
+        if self.total is None:
+            return self.grads, self.loss, used
+        total = self.total
+        return {k: g / total for k, g in self.grads.items()}, self.loss / total, used

@@ -18,28 +18,15 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc._finite import finite_entries
-from sbfunc._gradients import (
-    check_losses,
-    detach_tensors,
-    differentiate,
-    fresh_buffers,
-    weighted_mean,
-)
+from sbfunc._gradients import check_losses, detach_tensors, differentiate, fresh_buffers
 from sbfunc._tracing import host_flag
 from sbfunc.batch import batch_size
-from sbfunc.engine import Carry, Context, Event, Time
-from sbfunc.module import ModuleLoss
+from sbfunc.engine import Carry, Event, Time
+from sbfunc.module import ModuleLoss, TokenLosses, reduce_per_sample
+from sbfunc.step._means import ObjectiveKind, backpropagated, start
 from sbfunc.types import LossFn, Params, PerSample
 
-__all__ = [
-    "AUTOCAST",
-    "INSIDE_EVENTS",
-    "Fire",
-    "Objective",
-    "Precision",
-    "backpropagated",
-    "masked_mean",
-]
+__all__ = ["AUTOCAST", "INSIDE_EVENTS", "Differentiated", "Fire", "Objective", "Precision"]
 
 INSIDE_EVENTS = (Event.AFTER_FORWARD, Event.BEFORE_LOSS, Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
 """The events that fire inside the differentiated function."""
@@ -58,60 +45,6 @@ AUTOCAST: dict[str, torch.dtype | None] = {
 """The ``torch.autocast`` dtype of each precision (``None``: no autocast)."""
 
 
-def masked_mean(
-    losses: torch.Tensor, weights: torch.Tensor | None, ok: torch.Tensor | None
-) -> torch.Tensor:
-    """The weighted mean loss over the rows where ``ok`` holds (every row when ``None``).
-
-    Equal bit for bit to :func:`weighted_mean` when every row is ok (the correction factor is
-    exactly 1); NaN when no row is.
-
-    Example:
-        >>> masked_mean(torch.tensor([1.0, float("nan"), 3.0]), None,
-        ...             torch.tensor([True, False, True]))
-        tensor(2.)
-    """
-    if ok is None:
-        return weighted_mean(losses, weights)
-    kept = torch.where(ok, losses, losses.new_zeros(()))
-    n = ok.shape[0]
-    return weighted_mean(kept, weights) * (n / ok.sum().to(losses.dtype))
-
-
-def backpropagated(
-    ctx: Context,
-    before: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
-    used: torch.Tensor | None,
-    n: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The loss to differentiate and the per-sample losses, after ``AFTER_LOSS`` and
-    ``BEFORE_BACKWARD`` left ``ctx``: a replaced ``loss`` as it is, else the mean of the
-    (possibly replaced) ``losses`` under the (possibly replaced) ``sample_weights``, else
-    ``loss`` unchanged. ``before`` is ``(loss, losses, sample_weights)`` as ``AFTER_LOSS``
-    received them.
-
-    Raises:
-        ValueError: if a replaced ``loss`` is not a 0-d floating tensor, or replaced
-            ``losses`` are not one per row.
-    """
-    loss, losses, weights = before
-    if ctx.loss is not loss:
-        new = ctx.loss
-        if not isinstance(new, torch.Tensor) or new.dim() != 0 or not new.is_floating_point():
-            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
-            raise ValueError(
-                "state.loss changed on AFTER_LOSS/BEFORE_BACKWARD must be a 0-d floating "
-                f"tensor (what is backpropagated), got {got}"
-            )
-        return new, ctx.losses if ctx.losses is not None else losses
-    if ctx.losses is not losses or ctx.sample_weights is not weights:
-        new_losses = ctx.losses
-        check_losses(new_losses, n)
-        assert isinstance(new_losses, torch.Tensor)  # check_losses raised otherwise
-        return masked_mean(new_losses, ctx.sample_weights, used), new_losses
-    return loss, losses
-
-
 class Objective(NamedTuple):
     """How one step turns a batch into a loss and gradients.
 
@@ -122,12 +55,15 @@ class Objective(NamedTuple):
         mask_nonfinite: leave rows whose loss is not finite out of the loss.
         autocast: run the forward and the loss under ``torch.autocast`` with this dtype
             (``make_train_step(precision=...)``); ``None``: as the parameters are.
+        kind: ``"tokens"`` (a loss over tokens averages every real token of the batch) or
+            ``"rows"`` (the mean of the rows' means); see :mod:`sbfunc.step._means`.
     """
 
     loss_fn: LossFn
     per_sample: PerSample
     mask_nonfinite: bool
     autocast: torch.dtype | None = None
+    kind: ObjectiveKind = "tokens"
 
     def precision(self, params: Params) -> contextlib.AbstractContextManager[Any]:
         """The forward's and the loss's precision: ``torch.autocast`` on the parameters'
@@ -156,7 +92,7 @@ class Objective(NamedTuple):
         model_key: torch.Tensor | None,
         ok: torch.Tensor | None,
         scale: torch.Tensor | None = None,
-    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None]:
+    ) -> Differentiated:
         """Forward, loss and gradient of the carried batch.
 
         Args:
@@ -170,65 +106,119 @@ class Objective(NamedTuple):
                 are those of ``loss * scale``; the loss returned is not scaled.
 
         Returns:
-            ``(carry, grads, loss, ok)``: the carry after ``BEFORE_BACKWARD`` with the
-            backpropagated ``loss``, detached ``losses``, ``outputs`` and new ``buffers``; the
-            gradients (scaled as the loss); the loss; the rows the loss used (inputs and loss
-            finite), or ``None`` when not masking.
+            A :class:`Differentiated`.
         """
-        loss_fn, staged = self.loss_fn, isinstance(self.loss_fn, ModuleLoss)
         context = carry.context
         buffers, time = context.buffers, context.time
 
-        def randomness() -> contextlib.AbstractContextManager[Any]:
-            return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)
-
-        def objective(
-            p: Params,
-        ) -> tuple[torch.Tensor, tuple[Params, Carry, torch.Tensor, Any, Any]]:
-            b, c = fresh_buffers(buffers), carry
-            if staged:
-                assert isinstance(loss_fn, ModuleLoss)
-                with randomness(), self.precision(p):
-                    outputs = loss_fn.forward(p, b, c.context.batch)
-                c = c._replace(context=c.context._replace(outputs=outputs))
-            c = fire(Event.AFTER_FORWARD, c)
-            c = fire(Event.BEFORE_LOSS, c)
-            ctx = c.context
-            if staged:
-                assert isinstance(loss_fn, ModuleLoss)
-                with self.precision(p):
-                    losses = loss_fn.criterion(ctx.outputs, ctx.batch)
-            else:
-                with randomness(), self.precision(p):
-                    losses = loss_fn(p, b, ctx.batch)
-            n = batch_size(ctx.batch, per_sample=self.per_sample)
+        def objective(p: Params) -> tuple[torch.Tensor, tuple[Any, ...]]:
+            b = fresh_buffers(buffers)
+            c, losses, tokens = self._losses(p, b, carry, fire, model_key)
+            n = batch_size(c.context.batch, per_sample=self.per_sample)
             check_losses(losses, n)
             used = self.rows_used(losses, ok)
-            before = (masked_mean(losses, ctx.sample_weights, used), losses, ctx.sample_weights)
-            c = c._replace(context=ctx._replace(loss=before[0], losses=losses))
-            c = fire(Event.BEFORE_BACKWARD, fire(Event.AFTER_LOSS, c))
-            ctx = c.context
-            loss, losses = backpropagated(ctx, before, used, n)
+            before = start(losses, tokens, c.context.sample_weights, used)
+            ctx = c.context._replace(
+                loss=before.loss,
+                losses=losses,
+                token_losses=before.token_losses,
+                token_weights=before.token_weights,
+            )
+            c = fire(Event.BEFORE_BACKWARD, fire(Event.AFTER_LOSS, c._replace(context=ctx)))
+            loss, losses, weight = backpropagated(c.context, before, used, n)
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.
-            c = c._replace(context=ctx._replace(time=cast(Time, None)))
-            if scale is None:
-                return loss, (b, c, losses, used, None)
-            return loss * scale, (b, c, losses, used, loss)
+            c = c._replace(context=c.context._replace(time=cast(Time, None)))
+            aux = (b, c, losses, used, weight)
+            return (loss, (*aux, None)) if scale is None else (loss * scale, (*aux, loss))
 
-        grads, loss, (new_buffers, carry, losses, used, unscaled) = differentiate(
+        grads, loss, (new_buffers, carry, losses, used, weight, unscaled) = differentiate(
             objective, context.params, detach_aux=False
         )
         if unscaled is not None:  # the loss, not the scaled one differentiated
             loss = unscaled.detach()
-        # Eagerly the aux may carry autograd history: the outputs always, anything else only
-        # when algorithms ran inside the objective (buffers update under no_grad).
-        ctx = carry.context
+        return Differentiated(
+            self._detached(carry, inside, new_buffers, loss, losses, time),
+            grads,
+            loss,
+            used,
+            weight,
+        )
+
+    def _losses(
+        self,
+        p: Params,
+        b: Params,
+        carry: Carry,
+        fire: Fire,
+        model_key: torch.Tensor | None,
+    ) -> tuple[Carry, torch.Tensor, TokenLosses | None]:
+        """The forward, ``AFTER_FORWARD``/``BEFORE_LOSS``, then the rows' losses and, for a
+        loss over tokens under the ``"tokens"`` objective, the token losses."""
+        loss_fn = self.loss_fn
+
+        def randomness() -> contextlib.AbstractContextManager[Any]:
+            return contextlib.nullcontext() if model_key is None else sbrandom.keyed(model_key)
+
+        if not isinstance(loss_fn, ModuleLoss):
+            c = fire(Event.BEFORE_LOSS, fire(Event.AFTER_FORWARD, carry))
+            with randomness(), self.precision(p):
+                return c, loss_fn(p, b, c.context.batch), None
+        with randomness(), self.precision(p):
+            outputs = loss_fn.forward(p, b, carry.context.batch)
+        c = carry._replace(context=carry.context._replace(outputs=outputs))
+        c = fire(Event.BEFORE_LOSS, fire(Event.AFTER_FORWARD, c))
+        with self.precision(p):
+            elements = loss_fn.elements(c.context.outputs, c.context.batch)
+        if not isinstance(elements, TokenLosses):
+            n = c.context.outputs.shape[0] if isinstance(c.context.outputs, torch.Tensor) else None
+            return c, reduce_per_sample(elements, n), None
+        tokens = elements if self.kind == "tokens" else None
+        return c, elements.row_means(), tokens
+
+    def _detached(
+        self,
+        carry: Carry,
+        inside: bool,
+        buffers: Params,
+        loss: torch.Tensor,
+        losses: torch.Tensor,
+        time: Time,
+    ) -> Carry:
+        """The carry after the objective, detached: eagerly the aux may carry autograd
+        history, the outputs always, anything else only when algorithms ran inside the
+        objective (buffers update under no_grad)."""
         if inside:
             carry = detach_tensors(carry)
-            ctx = carry.context
-        outputs = detach_tensors(ctx.outputs) if staged else None
+        ctx = carry.context
+        staged = isinstance(self.loss_fn, ModuleLoss)
         ctx = ctx._replace(
-            buffers=new_buffers, loss=loss, losses=losses.detach(), time=time, outputs=outputs
+            buffers=buffers,
+            loss=loss,
+            losses=losses.detach(),
+            time=time,
+            outputs=detach_tensors(ctx.outputs) if staged else None,
+            token_losses=None,
+            token_weights=None,
         )
-        return carry._replace(context=ctx), grads, loss, used
+        return carry._replace(context=ctx)
+
+
+class Differentiated(NamedTuple):
+    """What :class:`Objective` returns for one batch (or one microbatch).
+
+    Attributes:
+        carry: the carry after ``BEFORE_BACKWARD``, with the backpropagated ``loss``, the
+            detached ``losses`` and ``outputs`` and the new ``buffers``.
+        grads: the gradients (scaled as the loss).
+        loss: the loss.
+        used: the rows the loss used (inputs and loss finite), or ``None`` when not masking.
+        weight: the token mean's denominator (the weight of the tokens it averaged), by which
+            microbatches combine; ``None`` for a mean over rows.
+    """
+
+    carry: Carry
+    grads: Params
+    loss: torch.Tensor
+    used: torch.Tensor | None
+    weight: torch.Tensor | None

@@ -19,6 +19,7 @@ __all__ = [
     "Data",
     "Loop",
     "NonFiniteRowsWarning",
+    "SkippedUpdatesWarning",
     "epoch_batches",
     "eval_fields",
     "host_metrics",
@@ -39,10 +40,21 @@ _END = object()  # the data ran out
 
 
 class NonFiniteRowsWarning(UserWarning):
-    """:func:`sbfunc.fit` left training rows with a non-finite input or loss out of updates.
+    """:func:`sbfunc.fit` left training rows out of their updates (a non-finite input or loss,
+    no real target token, an empty attention mask); the other rows of those batches trained.
 
     Example:
         >>> issubclass(sbfunc.step.NonFiniteRowsWarning, UserWarning)
+        True
+    """
+
+
+class SkippedUpdatesWarning(UserWarning):
+    """:func:`sbfunc.fit` skipped whole updates: their loss or a gradient was not finite, or
+    no row was left to train on; the parameters did not change on those steps.
+
+    Example:
+        >>> issubclass(sbfunc.step.SkippedUpdatesWarning, UserWarning)
         True
     """
 
@@ -73,30 +85,42 @@ class Loop:
         self.kept: list[StepMetrics] = []
         self.evaluations: list[Evaluation] = []
         self.last: StepMetrics | None = None
-        self.rows_seen: torch.Tensor | None = None  # rows_nonfinite at the last check
+        self.seen: tuple[torch.Tensor | None, torch.Tensor | None] | None = None  # counts
+        self.warned: set[type[Warning]] = set()
         self.shown: tuple[dict[str, Any], dict[str, str]] = ({}, {})  # step, eval fields
 
     def check_rows(self, state: TrainState) -> None:
-        """Warn once per call when rows with a non-finite input or loss were left out since the
-        last check. The first check of a call keeps the count on the device; each later one
-        reads how much it grew (a host sync): only where the loop reads metrics anyway."""
-        count = state.time.rows_nonfinite
-        if count is None:
-            return
-        seen, self.rows_seen = self.rows_seen, count
+        """Warn once per call and kind when rows were left out of their updates, or whole
+        updates skipped, since the last check. The first check of a call keeps the counts on
+        the device; each later one reads how much they grew (a host sync): only where the loop
+        reads metrics anyway."""
+        t = state.time
+        seen, self.seen = self.seen, (t.rows_nonfinite, t.updates_skipped)
         if seen is None:
             return
-        grew = int(count - seen.to(count.device))
-        if grew > 0 and not getattr(self, "warned", False):
-            self.warned = True
-            warnings.warn(
-                f"{grew} training rows had a non-finite input or loss by step "
-                f"{state.time.step} and were left out of their updates (state.time."
-                "rows_nonfinite counts them); check the data, or pass nonfinite='raise' to "
-                "make_train_step to stop at the first one",
+        rows, skipped = (_grew(now, then) for now, then in zip(self.seen, seen, strict=True))
+        if rows:
+            self._warn(
                 NonFiniteRowsWarning,
-                stacklevel=4,
+                f"{rows} training rows by step {t.step} had a non-finite input or loss, no real "
+                "target token or an empty attention mask: each was left out of its update and "
+                "the other rows of its batch trained (state.time.rows_nonfinite counts them); "
+                "check the data, or pass nonfinite='raise' to make_train_step to stop at the "
+                "first one",
             )
+        if skipped:
+            self._warn(
+                SkippedUpdatesWarning,
+                f"{skipped} updates by step {t.step} were skipped: their loss or a gradient was "
+                "not finite, or no row was left to train on, so the parameters did not change "
+                "on those steps (state.time.updates_skipped counts them; the progress bar shows "
+                "the count as 'skipped')",
+            )
+
+    def _warn(self, kind: type[Warning], message: str) -> None:
+        if kind not in self.warned:
+            self.warned.add(kind)
+            warnings.warn(message, kind, stacklevel=5)
 
     def fire(self, event: Event, state: TrainState) -> TrainState:
         """``event`` through the step's algorithms and passes."""
@@ -213,6 +237,13 @@ class Loop:
         return t.batch_in_epoch == 0 and t.epoch % n == 0
 
 
+def _grew(now: torch.Tensor | None, then: torch.Tensor | None) -> int:
+    """How much a run's count grew between two checks (a host read), 0 when it is not kept."""
+    if now is None or then is None:
+        return 0
+    return int(now - then.to(now.device))
+
+
 def _no_batches(data: Data, epoch: int) -> str:
     """The message for an epoch whose data yielded nothing (an iterator is used up)."""
     message = f"data yielded no batches in epoch {epoch}"
@@ -249,11 +280,15 @@ def load_into(
 
 def step_fields(state: TrainState, metrics: StepMetrics) -> dict[str, Any]:
     """The step's loss (a host sync) and the sample counts, as progress-bar fields."""
-    return {
+    fields = {
         "loss": f"{float(metrics.loss):.4f}",
         "fwd": state.time.samples_forwarded,
         "bwd": state.time.samples_backpropagated,
     }
+    skipped = state.time.updates_skipped
+    if skipped is not None and int(skipped) > 0:  # shown once any update was skipped
+        fields["skipped"] = int(skipped)
+    return fields
 
 
 def host_metrics(metrics: Any) -> Any:

@@ -49,6 +49,7 @@ from sbfunc.optim import GradientTransformation, apply_updates, loss_scale, scal
 from sbfunc.random import check_key
 from sbfunc.step._compile import CompilableStep
 from sbfunc.step._guard import NonFinite, NonFiniteGuard, opt_state_on_skip
+from sbfunc.step._means import ObjectiveKind
 from sbfunc.step._microbatch import Microbatching, accumulate
 from sbfunc.step._objective import AUTOCAST, INSIDE_EVENTS, Fire, Objective, Precision
 from sbfunc.step._records import BATCH_EVENTS, Clock, CoreOutputs, StepMetrics, StepPlan
@@ -95,6 +96,7 @@ class TrainStep(CompilableStep):
         per_sample: PerSample = None,
         replicas: Replicas = ONE_PROCESS,
         precision: Precision = "fp32",
+        objective: ObjectiveKind = "tokens",
     ) -> None:
         super().__init__()
         self.precision = precision
@@ -107,12 +109,15 @@ class TrainStep(CompilableStep):
         self.algorithms = tuple(algorithms)
         self.passes = tuple(passes)
         self.nonfinite = nonfinite
-        self.guard = NonFiniteGuard(nonfinite, per_sample)
+        usable = loss_fn.usable_rows if isinstance(loss_fn, ModuleLoss) else None
+        self.guard = NonFiniteGuard(nonfinite, per_sample, usable)
         self.keyed_model = keyed_model
         self.planner = Planner(self.algorithms, self.passes, BATCH_EVENTS)
         self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
         self.leaves = self.planner.leaves
-        self.objective = Objective(loss_fn, per_sample, nonfinite != "allow", AUTOCAST[precision])
+        self.objective = Objective(
+            loss_fn, per_sample, nonfinite != "allow", AUTOCAST[precision], objective
+        )
         self.writes = in_step(staged=isinstance(loss_fn, ModuleLoss))
         self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
 

@@ -96,10 +96,14 @@ def test_the_objective_is_the_official_codes_for_the_same_draws(rows, with_refer
     expected = official_objective(s, state, noise(key, n), reference)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
     # and the policy keeps the rows of the k highest
-    table = None if reference is None else reference
-    policy = make(reference=table) if with_reference else make()
+    table = None if reference is None else -reference  # the reference's losses
+    policy = make(reference_losses=table) if with_reference else make()
     sel, _ = policy.select(
-        torch.ones(n), state._replace(reference=table), key=key, ids=torch.arange(n), signals=s
+        torch.ones(n),
+        state._replace(reference_losses=table),
+        key=key,
+        ids=torch.arange(n),
+        signals=s,
     )
     assert sel.indices.tolist() == sorted(torch.topk(expected, 6).indices.tolist())
 
@@ -121,8 +125,8 @@ def test_the_factors_follow_the_official_updates_of_the_kept_rows():
 
 def test_before_any_update_it_is_rho_loss_scaled():
     n, s = 16, random_signals(16, 4)
-    reference = -torch.rand(n)
-    policy = make(reference=reference)
+    reference = -torch.rand(n)  # log-likelihoods; the policy takes their negation, the losses
+    policy = make(reference_losses=-reference)
     sel, _ = policy.select(
         torch.ones(n), policy.init(), key=sbrandom.key(0), ids=torch.arange(n), signals=s
     )
@@ -153,9 +157,9 @@ def test_same_key_same_result_fixed_shapes_and_uniform_reference(n, keep, seed):
     assert sel.indices.shape == (sbfunc.select.kept_count(n, keep),) and sel.weights is None
     for x, y in zip(after, state, strict=True):
         assert x is None if y is None else (x.shape == y.shape and x.dtype == y.dtype)
-    uniform = make(keep, reference=torch.full((n,), -math.log(C)))
+    uniform = make(keep, reference_losses=torch.full((n,), math.log(C)))
     ids = torch.arange(n)
-    state_u = state._replace(reference=uniform.init().reference)
+    state_u = state._replace(reference_losses=uniform.init().reference_losses)
     assert torch.equal(
         uniform.select(torch.ones(n), state_u, key=key, ids=ids, signals=s)[0].indices,
         sel.indices,
@@ -197,7 +201,7 @@ def test_signals_of_another_width_are_refused():
 
 
 def test_a_reference_shorter_than_the_ids_is_named():
-    policy = make(reference=torch.zeros(5))
+    policy = make(reference_losses=torch.zeros(5))
 
     def select(ids):
         signals = random_signals(3, 0)
@@ -205,12 +209,14 @@ def test_a_reference_shorter_than_the_ids_is_named():
                              signals=signals)  # fmt: skip
 
     assert select(torch.tensor([4, 0, 2]))[0].indices.shape == (1,)
-    with pytest.raises(ValueError, match=r"bayesian: reference has 5 entries .* largest id is 5"):
+    with pytest.raises(
+        ValueError, match=r"bayesian: reference_losses has 5 entries .* largest id is 5"
+    ):
         select(torch.tensor([4, 5, 2]))
     with pytest.raises(ValueError, match=r"SelectiveBackprop\(ids="):
         select(None)
-    with pytest.raises(ValueError, match="reference must have one entry per sample id"):
-        make(reference=torch.zeros(0))
+    with pytest.raises(ValueError, match="reference_losses must have one entry per sample id"):
+        make(reference_losses=torch.zeros(0))
 
 
 def _mlp_step(policy, compiled: bool):
@@ -237,7 +243,7 @@ def _batch(t: int):
 POLICIES = {
     "divbs": lambda: divbs(0.25),
     "bayesian": lambda: bayesian(
-        0.25, num_features=8, num_classes=3, reference=-torch.linspace(0, 2, 16), draws=8
+        0.25, num_features=8, num_classes=3, reference_losses=torch.linspace(0, 2, 16), draws=8
     ),
 }
 
@@ -276,3 +282,20 @@ def test_the_step_state_with_bayesian_round_trips_through_a_checkpoint():
     leaves = checkpoint.to_state_dict(a)["leaves"], checkpoint.to_state_dict(b)["leaves"]
     for x, y in zip(*leaves, strict=True):
         assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+
+def test_one_sign_for_every_reference_and_a_loud_refusal_of_the_other():
+    """rho_loss's irreducible and bayesian's reference_losses are both losses (-log p): the
+    same table serves both; a log-likelihood table (the other sign) and 1.0's reference=
+    keyword are refused by name (issue 36: the natural slip, silently accepted in 1.0)."""
+    losses = torch.linspace(0.1, 2.0, 8)
+    sbfunc.policies.rho_loss(0.5, losses)
+    make(reference_losses=losses)
+    for build in (
+        lambda t: sbfunc.policies.rho_loss(0.5, t),
+        lambda t: make(reference_losses=t),
+    ):
+        with pytest.raises(ValueError, match="look like log-likelihoods; pass -"):
+            build(-losses)
+    with pytest.raises(TypeError, match="pass reference_losses=-reference"):
+        make(reference=-losses)

@@ -50,7 +50,7 @@ POLICIES = {
         0.3,
         num_features=NUM_FEATURES,
         num_classes=NUM_CLASSES,
-        reference=-torch.linspace(0, 2, NUM_IDS),
+        reference_losses=torch.linspace(0, 2, NUM_IDS),
         draws=4,
     ),
 }
@@ -244,7 +244,7 @@ def test_bad_scores_are_refused(name, scores, error):
         lambda: bayesian(0.5, num_features=2, num_classes=2, decay=1.0),
         lambda: bayesian(0.5, num_features=2, num_classes=2, prior_precision=0.0),
         lambda: bayesian(0.5, num_features=2, num_classes=2, num_effective_data=-1),
-        lambda: bayesian(0.5, num_features=2, num_classes=2, reference=torch.arange(3)),
+        lambda: bayesian(0.5, num_features=2, num_classes=2, reference_losses=torch.arange(3)),
     ],
 )
 def test_bad_arguments_fail_at_construction(make):

@@ -86,7 +86,8 @@ def _fit_until_read(nonfinite="skip", **kwargs):
 def test_fit_reads_nothing_until_the_end_of_the_call(nonfinite, progress):
     error, fetched = _fit_until_read(nonfinite, progress=progress, log_every=1000)
     assert fetched == EPOCHS * STEPS_PER_EPOCH  # every step ran
-    assert sync_site(error) == ("step/_sequence.py", "check_rows")
+    assert sync_site(error) == ("step/_sequence.py", "_grew")  # the run's counts, read once
+    assert ("step/_sequence.py", "check_rows") in sbfunc_frames(error)
     assert ("step/_loop.py", "_run") in sbfunc_frames(error)  # after the loop
 
 
