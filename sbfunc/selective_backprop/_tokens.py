@@ -1,0 +1,151 @@
+"""Token-level selection, selective language modeling (Rho-1): the training forward scores
+every token, and only the kept tokens' loss is backpropagated."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from sbfunc import random as sbrandom
+from sbfunc.engine import Algorithm, Context, Event
+from sbfunc.select import ranks
+from sbfunc.selective_backprop._reference import Reference, ReferenceState
+from sbfunc.selective_backprop._window import check_window
+from sbfunc.validation import check_choice, check_fraction
+
+__all__ = ["TokenSelection", "kept_tokens"]
+
+Keep = float | Callable[[Any], Any]
+"""A kept fraction in (0, 1], or a schedule ``elapsed -> fraction`` of the fraction of
+training done (a 0-d tensor inside a step: use tensor ops, ``torch.clamp``, not ``min``)."""
+
+Score = Literal["excess", "loss", "uniform"]
+"""What ranks the tokens: the excess loss over a reference's, the loss itself, or nothing
+(uniform token dropping, the honest baseline at the same fraction)."""
+
+
+def kept_tokens(
+    scores: torch.Tensor, real: torch.Tensor, keep: float | torch.Tensor, key: sbrandom.Key
+) -> torch.Tensor:
+    """``bool [N, T...]``: the ``k = max(1, floor(keep * n))`` real tokens of highest score
+    among the ``n`` real tokens of the batch (none where ``real`` is false), ties broken at
+    random by ``key``; tokens of non-finite score rank last. Fixed shapes, no host read.
+
+    Example:
+        >>> scores = torch.tensor([[3.0, 1.0, 0.0], [2.0, 9.0, 5.0]])
+        >>> real = torch.tensor([[True, True, False], [True, False, True]])
+        >>> kept_tokens(scores, real, 0.5, sbfunc.random.key(0))
+        tensor([[ True, False, False],
+                [False, False,  True]])
+    """
+    flat = torch.where(real, scores, scores.new_full((), -torch.inf)).reshape(-1)
+    rank = ranks(flat, key=key)  # 0 for the lowest
+    n = real.sum()
+    k = torch.clamp(torch.floor(n * keep), min=1).to(rank.dtype)
+    from_top = flat.shape[0] - 1 - rank
+    return ((from_top < k) & real.reshape(-1)).reshape(real.shape)
+
+
+class TokenSelection(Algorithm):
+    """Selective language modeling: on ``AFTER_LOSS``, keep the top ``keep`` fraction of the
+    batch's real tokens by score and backpropagate the mean loss over the kept tokens only.
+
+    One forward: the scores are the training forward's own token losses
+    (``Context.token_losses``), minus a reference's (``score="excess"``, Rho-1's excess loss),
+    as they are (``"loss"``), or random (``"uniform"``: uniform token dropping, the baseline at
+    the same fraction). The whole sequence still goes forward; the selection sets
+    ``Context.token_weights`` (a mask, fixed shapes), so it compiles with ``fullgraph=True`` and
+    reads nothing on the host. It needs a loss over tokens and the step's ``"tokens"``
+    objective (:func:`sbfunc.make_train_step`); data-parallel, each rank selects from its own
+    batch (the fraction holds on every rank).
+
+    Args:
+        keep: the kept fraction of real tokens, in (0, 1], or a schedule ``elapsed ->
+            fraction`` (see :data:`Keep`; e.g. keep everything early, then drop).
+        reference: where the reference's token losses come from
+            (:func:`~sbfunc.selective_backprop.reference_model`, or
+            :func:`~sbfunc.selective_backprop.reference_field` for a table streamed with the
+            batches); required with ``score="excess"``.
+        score: ``"excess"`` (default), ``"loss"`` or ``"uniform"``.
+        start: fraction of training at which selection starts (before: every token).
+        end: fraction at which it ends.
+        name: the name in traces (default ``"TokenSelection"``).
+
+    Raises:
+        TypeError: for an argument of the wrong type.
+        ValueError: for a fraction out of range, ``score="excess"`` without a reference, or
+            (in a step) a loss that is not over tokens.
+
+    Example:
+        >>> sel = sbfunc.selective_backprop.TokenSelection(0.6, score="loss")
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0),
+        ...                      token_losses=torch.tensor([[2.0, 1.0], [0.5, 3.0]]),
+        ...                      token_weights=torch.ones(2, 2))
+        >>> sel.apply(sbfunc.Event.AFTER_LOSS, ctx).token_weights
+        tensor([[1., 0.],
+                [0., 1.]])
+
+    References:
+        Lin et al. 2024, "Rho-1: Not All Tokens Are What You Need" (NeurIPS; selective
+        language modeling by excess loss over a reference model); Mindermann et al. 2022
+        (RHO-LOSS, the reducible loss).
+    """
+
+    events = frozenset({Event.AFTER_LOSS})
+    uses_elapsed = True
+
+    def __init__(
+        self,
+        keep: Keep = 0.6,
+        *,
+        reference: Reference | None = None,
+        score: Score = "excess",
+        start: float = 0.0,
+        end: float = 1.0,
+        name: str | None = None,
+    ) -> None:
+        self.keep = keep if callable(keep) else check_fraction(keep, "keep", open_low=True)
+        self.score = check_choice(score, "score", ("excess", "loss", "uniform"))
+        if self.score == "excess" and reference is None:
+            raise ValueError(
+                "score='excess' needs a reference: pass reference=sbfunc.selective_backprop."
+                "reference_model(...) or reference_field(...), or score='loss' / 'uniform'"
+            )
+        self.reference = reference
+        check_window(start, end, 0)
+        self.start, self.end = float(start), float(end)
+        self.uses_elapsed = (self.start, self.end) != (0.0, 1.0) or callable(keep)
+        if name is not None:
+            self.name = name
+
+    def init(self, key: Any) -> ReferenceState | None:
+        """The reference model's tensors (a reference in the step), else nothing."""
+        return None if self.reference is None else self.reference.init()
+
+    def match(self, event: Event, ctx: Context) -> bool:
+        return event == Event.AFTER_LOSS and self.start <= ctx.time.elapsed < self.end
+
+    def apply(self, event: Event, ctx: Context) -> Context:
+        if ctx.token_losses is None or ctx.token_weights is None:
+            raise ValueError(
+                f"{self.name} selects tokens: the step's loss must be over tokens (a token "
+                "criterion such as sbfunc.module.next_token_cross_entropy) and its objective "
+                "'tokens' (make_train_step's default)"
+            )
+        losses = ctx.token_losses.detach()
+        score_key, tie_key = sbrandom.split(ctx.key)
+        if self.score == "uniform":
+            scores = sbrandom.uniform(score_key, tuple(losses.shape), device=losses.device)
+        elif self.score == "loss":
+            scores = losses
+        else:
+            assert self.reference is not None
+            scores = losses - self.reference.token_losses(ctx, ctx.own).to(losses)
+        keep = self.keep(ctx.time.elapsed) if callable(self.keep) else self.keep
+        kept = kept_tokens(scores, ctx.token_weights > 0, keep, tie_key)
+        return ctx.replace(token_weights=torch.where(kept, ctx.token_weights, 0.0))
+
+    def __repr__(self) -> str:
+        return f"TokenSelection(keep={self.keep!r}, score={self.score!r})"
