@@ -16,7 +16,8 @@ are compared on. The runs advance **interleaved, half an epoch each in turn**, s
 load hits both alike; the untimed test evaluations between chunks draw the accuracy against
 wall-time curves. The script prints each run's final accuracy and wall time, when each first
 reached plain's final accuracy, where selection does not help, and saves the plot outside the
-repository (the temporary directory unless ``--plot PATH`` says where).
+repository: a new file of a unique name in the temporary directory (two runs at once never
+overwrite each other's), unless ``--plot PATH`` says where.
 
 Run: ``python examples/quickstart.py`` (about 1.5 minutes on 2 CPU cores; ``--fast`` for a
 smoke run of a few seconds; ``--plot ''`` for no plot).
@@ -190,13 +191,21 @@ def plot(runs: dict[str, Run], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def unique_plot_path() -> Path:
+    """A new, empty file in the temporary directory whose name no other run gets."""
+    fd, name = tempfile.mkstemp(prefix="sbfunc-quickstart-", suffix=".png")
+    os.close(fd)
+    return Path(name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fast", action="store_true", help="a tiny smoke run")
     parser.add_argument(
         "--plot",
-        default=str(Path(tempfile.gettempdir()) / "sbfunc-quickstart.png"),
-        help="where to save the plot ('' for no plot; default: the temporary directory)",
+        default=None,
+        help="where to save the plot ('' for no plot; default: a new, uniquely named file in "
+        "the temporary directory)",
     )
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -206,8 +215,8 @@ def main() -> None:
     print(f"MNIST-1D generated in {time.perf_counter() - t0:.1f}s")
     plain, selective = train_both(data, cfg)
     report(plain, selective, cfg, data.x_train.shape[0])
-    if args.plot:
-        path = Path(args.plot)
+    if args.plot != "":
+        path = unique_plot_path() if args.plot is None else Path(args.plot)
         path.parent.mkdir(parents=True, exist_ok=True)
         plot({"plain": plain, "selective (Loshchilov)": selective}, path)
         print(f"plot: {path}")

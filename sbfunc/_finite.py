@@ -103,6 +103,8 @@ def substitute_rows(batch: Any, ok: torch.Tensor, *, per_sample: PerSample = Non
     the step then gives the copy no weight. With no row ok, the batch is unchanged.
     """
     n = ok.shape[0]
+    if n == 0:  # no row to replace (a refill step with nothing queued yet)
+        return batch
     source = torch.where(ok, torch.arange(n, device=ok.device), ok.to(torch.int8).argmax())
 
     def substitute(leaf: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,7 @@ def test_step_arguments_are_checked():
         sbdist.make_data_parallel_step(loss_fn, opt, comm="world")
     with pytest.raises(TypeError, match=r"comm must be an sbfunc\.distributed\.Comm"):
         sbdist.DataParallel(comm="world")
-    with pytest.raises(TypeError, match=r"replicas must be sbfunc\.step\.replicas\.ONE_PROCESS"):
+    with pytest.raises(TypeError, match=r"replicas must be sbfunc\.step\.ONE_PROCESS"):
         sbfunc.make_train_step(loss_fn, opt, replicas="ddp")
 
 
