@@ -17,6 +17,7 @@ reference in sbfunc.
 from sbfunc._namespace import api_dir
 from sbfunc.selective_backprop._algorithm import SelectiveBackprop
 from sbfunc.selective_backprop._apply import Pruned, apply_policy
+from sbfunc.selective_backprop._candidates import candidate_batch_size
 from sbfunc.selective_backprop._queue import Queue, dequeue, empty_queue, enqueue, flush
 from sbfunc.selective_backprop._reference import (
     ModelReference,
@@ -40,6 +41,7 @@ __all__ = [
     "TableReference",
     "TokenSelection",
     "apply_policy",
+    "candidate_batch_size",
     "dequeue",
     "empty_queue",
     "enqueue",
