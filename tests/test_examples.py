@@ -29,7 +29,8 @@ PRINTS = {
 @pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_fast(script, tmp_path):
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": path}
+    # TMPDIR: a plot written to a unique temporary file lands in the test's folder
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": path, "TMPDIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(script), "--fast"],
         cwd=tmp_path,

@@ -336,9 +336,9 @@ class Alibi(Algorithm, Surgery):
         >>> from sbfunc.algorithms import Alibi
         >>> alibi = Alibi(max_sequence_length=8, train_sequence_length_scaling=0.5)
         >>> batch = {"input_ids": torch.arange(8).view(1, 8)}
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
-        >>> state = state.replace(matched=alibi.match(sbfunc.Event.AFTER_DATALOADER, state))
-        >>> alibi.apply(sbfunc.Event.AFTER_DATALOADER, state).batch["input_ids"]
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch)
+        >>> ctx = ctx.replace(matched=alibi.match(sbfunc.Event.AFTER_DATALOADER, ctx))
+        >>> alibi.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch["input_ids"]
         tensor([[0, 1, 2, 3],
                 [4, 5, 6, 7]])
 

@@ -130,8 +130,8 @@ class AugMix(ImageAugmentation):
     Example:
         >>> from sbfunc.algorithms import AugMix
         >>> am = AugMix(severity=3, width=2)
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=(torch.rand(2, 3, 8, 8), None))
-        >>> am.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=(torch.rand(2, 3, 8, 8), None))
+        >>> am.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0].shape
         torch.Size([2, 3, 8, 8])
 
     References:

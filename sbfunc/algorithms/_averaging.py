@@ -172,12 +172,12 @@ class EMA(_Averaging):
     Example:
         >>> from sbfunc.algorithms import EMA
         >>> ema = EMA(smoothing=0.5)
-        >>> state = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(2)})
-        >>> state = ema.apply(sbfunc.Event.INIT, state)
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(2)})
+        >>> ctx = ema.apply(sbfunc.Event.INIT, ctx)
         >>> for w in (1.0, 3.0):  # the first update copies, the second averages
-        ...     state = state.replace(params={"w": torch.full((2,), w)})
-        ...     state = ema.apply(sbfunc.Event.BATCH_END, state)
-        >>> state.own.params["w"], int(state.own.num_updates)
+        ...     ctx = ctx.replace(params={"w": torch.full((2,), w)})
+        ...     ctx = ema.apply(sbfunc.Event.BATCH_END, ctx)
+        >>> ctx.own.params["w"], int(ctx.own.num_updates)
         (tensor([2., 2.]), 2)
 
     References:
@@ -252,12 +252,12 @@ class SWA(_Averaging):
     Example:
         >>> from sbfunc.algorithms import SWA
         >>> swa = SWA(swa_start=0.0, swa_end=1.0, update_interval="1ba")
-        >>> state = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(1)})
-        >>> state = swa.apply(sbfunc.Event.INIT, state)
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), params={"w": torch.zeros(1)})
+        >>> ctx = swa.apply(sbfunc.Event.INIT, ctx)
         >>> for w in (1.0, 2.0, 6.0):
-        ...     state = state.replace(params={"w": torch.tensor([w])})
-        ...     state = swa.apply(sbfunc.Event.BATCH_END, state)
-        >>> state.own.params["w"]
+        ...     ctx = ctx.replace(params={"w": torch.tensor([w])})
+        ...     ctx = swa.apply(sbfunc.Event.BATCH_END, ctx)
+        >>> ctx.own.params["w"]
         tensor([3.])
 
     References:

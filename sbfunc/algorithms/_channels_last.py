@@ -80,8 +80,8 @@ class ChannelsLast(Algorithm):
         >>> from sbfunc.algorithms import ChannelsLast
         >>> cl = ChannelsLast()
         >>> params = {"conv.weight": torch.rand(8, 3, 3, 3)}
-        >>> state = sbfunc.Context(sbfunc.random.key(0), params=params)
-        >>> out = cl.apply(sbfunc.Event.INIT, state)
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), params=params)
+        >>> out = cl.apply(sbfunc.Event.INIT, ctx)
         >>> out.params["conv.weight"].is_contiguous(memory_format=torch.channels_last)
         True
 

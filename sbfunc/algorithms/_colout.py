@@ -124,9 +124,9 @@ class ColOut(Algorithm):
     Example:
         >>> from sbfunc.algorithms import ColOut
         >>> co = ColOut(p_row=0.5, p_col=0.5)
-        >>> state = sbfunc.Context(sbfunc.random.key(0),
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0),
         ...                      batch=(torch.rand(2, 3, 8, 8), torch.tensor([0, 1])))
-        >>> co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
+        >>> co.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0].shape
         torch.Size([2, 3, 4, 4])
 
     References:

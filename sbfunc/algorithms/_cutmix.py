@@ -145,8 +145,8 @@ class CutMix(Algorithm):
         >>> from sbfunc.algorithms import CutMix
         >>> cm = CutMix(alpha=1.0, num_classes=3)
         >>> batch = (torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 0]))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
-        >>> cm.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch)
+        >>> cm.apply(sbfunc.Event.BEFORE_FORWARD, ctx).batch[1].shape
         torch.Size([4, 3])
 
     References:

@@ -126,8 +126,8 @@ class CutOut(Algorithm):
     Example:
         >>> co = sbfunc.algorithms.CutOut(length=0.5)
         >>> batch = (torch.ones(2, 1, 4, 4), torch.zeros(2))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
-        >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0] == 0).sum())
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch)
+        >>> int((co.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0] == 0).sum())
         8
 
     References:

@@ -275,8 +275,8 @@ class ImageAugmentation(Algorithm):
         ...     input = 0
         ...     def transform(self, images, *, key):
         ...         return 1 - images
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=(torch.zeros(1, 3, 4, 4), 0))
-        >>> float(Invert().apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].min())
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=(torch.zeros(1, 3, 4, 4), 0))
+        >>> float(Invert().apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0].min())
         1.0
 
     References:

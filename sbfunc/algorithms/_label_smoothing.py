@@ -85,11 +85,11 @@ class LabelSmoothing(Algorithm):
     Example:
         >>> ls = sbfunc.algorithms.LabelSmoothing(0.1, num_classes=2)
         >>> batch = (torch.zeros(1, 3), torch.tensor([1]))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch)
-        >>> state = ls.apply(sbfunc.Event.BEFORE_LOSS, state)
-        >>> state.batch[1]
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch)
+        >>> ctx = ls.apply(sbfunc.Event.BEFORE_LOSS, ctx)
+        >>> ctx.batch[1]
         tensor([[0.0500, 0.9500]])
-        >>> ls.apply(sbfunc.Event.AFTER_LOSS, state).batch[1]
+        >>> ls.apply(sbfunc.Event.AFTER_LOSS, ctx).batch[1]
         tensor([1])
 
     References:

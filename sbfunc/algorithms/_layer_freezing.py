@@ -97,11 +97,11 @@ class LayerFreezing(Algorithm):
         >>> freeze = LayerFreezing(freeze_start=0.0, freeze_level=1.0, layers=net)
         >>> params, _ = sbfunc.split_module(net)
         >>> grads = {k: torch.ones_like(v) for k, v in params.items()}
-        >>> state = sbfunc.Context(sbfunc.random.key(0), params, grads=grads,
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), params, grads=grads,
         ...                      time=sbfunc.Time(elapsed=1.0))
-        >>> depth = freeze.match(sbfunc.Event.AFTER_BACKWARD, state); depth
+        >>> depth = freeze.match(sbfunc.Event.AFTER_BACKWARD, ctx); depth
         1
-        >>> out = freeze.apply(sbfunc.Event.AFTER_BACKWARD, state.replace(matched=depth))
+        >>> out = freeze.apply(sbfunc.Event.AFTER_BACKWARD, ctx.replace(matched=depth))
         >>> {k: int(g.abs().sum()) for k, g in out.grads.items()}
         {'0.weight': 0, '0.bias': 0, '1.weight': 2, '1.bias': 1}
 

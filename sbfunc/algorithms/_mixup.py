@@ -92,9 +92,9 @@ class MixUp(Algorithm):
 
     Example:
         >>> mu = sbfunc.algorithms.MixUp(alpha=0.2, num_classes=3)
-        >>> state = sbfunc.Context(sbfunc.random.key(0),
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0),
         ...                      batch=(torch.randn(4, 2), torch.tensor([0, 1, 2, 0])))
-        >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, state).batch[1].shape
+        >>> mu.apply(sbfunc.Event.BEFORE_FORWARD, ctx).batch[1].shape
         torch.Size([4, 3])
 
     References:

@@ -91,8 +91,8 @@ class RandAugment(ImageAugmentation):
     Example:
         >>> from sbfunc.algorithms import RandAugment
         >>> ra = RandAugment(severity=9, depth=2)
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=(torch.rand(2, 3, 8, 8), None))
-        >>> ra.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=(torch.rand(2, 3, 8, 8), None))
+        >>> ra.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0].shape
         torch.Size([2, 3, 8, 8])
 
     References:

@@ -156,14 +156,14 @@ class ProgressiveResizing(Algorithm):
         >>> from sbfunc.algorithms import ProgressiveResizing
         >>> pr = ProgressiveResizing(initial_scale=0.5, delay_fraction=0.5, finetune_fraction=0.2)
         >>> batch = (torch.rand(2, 3, 32, 32), torch.tensor([0, 1]))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch,
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch,
         ...                      time=sbfunc.Time(elapsed=0.1))
-        >>> scale = pr.match(sbfunc.Event.AFTER_DATALOADER, state); scale
+        >>> scale = pr.match(sbfunc.Event.AFTER_DATALOADER, ctx); scale
         0.5
-        >>> out = pr.apply(sbfunc.Event.AFTER_DATALOADER, state.replace(matched=scale))
+        >>> out = pr.apply(sbfunc.Event.AFTER_DATALOADER, ctx.replace(matched=scale))
         >>> out.batch[0].shape
         torch.Size([2, 3, 16, 16])
-        >>> pr.match(sbfunc.Event.AFTER_DATALOADER, state.replace(time=sbfunc.Time(elapsed=0.9)))
+        >>> pr.match(sbfunc.Event.AFTER_DATALOADER, ctx.replace(time=sbfunc.Time(elapsed=0.9)))
         False
 
     References:

@@ -197,11 +197,11 @@ class SeqLengthWarmup(Algorithm):
         ...                          step_size=2)
         >>> batch = {"input_ids": torch.zeros(4, 8, dtype=torch.long)}
         >>> time = sbfunc.Time(elapsed=0.2)
-        >>> state = sbfunc.Context(sbfunc.random.key(0), batch=batch, time=time)
-        >>> length = warmup.match(sbfunc.Event.AFTER_DATALOADER, state); length
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch, time=time)
+        >>> length = warmup.match(sbfunc.Event.AFTER_DATALOADER, ctx); length
         4
-        >>> state = state.replace(matched=length)
-        >>> warmup.apply(sbfunc.Event.AFTER_DATALOADER, state).batch["input_ids"].shape
+        >>> ctx = ctx.replace(matched=length)
+        >>> warmup.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch["input_ids"].shape
         torch.Size([4, 4])
 
     References:

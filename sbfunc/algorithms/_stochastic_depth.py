@@ -178,9 +178,9 @@ class StochasticDepth(Algorithm, Surgery):
         >>> sd = StochasticDepth(torch.nn.Linear, "block", 0.2, "uniform", drop_warmup=0.5)
         >>> net = sd(torch.nn.Sequential(torch.nn.Linear(2, 2)))
         >>> _, buffers = sbfunc.split_module(net)
-        >>> state = sbfunc.Context(sbfunc.random.key(0), buffers=buffers,
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), buffers=buffers,
         ...                      time=sbfunc.Time(elapsed=0.25))
-        >>> sd.apply(sbfunc.Event.BATCH_START, state).buffers["0.stochastic_depth_scale"]
+        >>> sd.apply(sbfunc.Event.BATCH_START, ctx).buffers["0.stochastic_depth_scale"]
         tensor(0.5000)
 
     References:

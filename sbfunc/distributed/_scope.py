@@ -327,9 +327,9 @@ def global_selection(
         >>> sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy)
         >>> sb = sb.for_step(loss_fn=loss_fn, per_sample=None)  # what the step does
         >>> batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
-        >>> state = state.replace(own=sb.init(sbfunc.random.key(1)))
-        >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, state).batch[0].shape  # one process here
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), *sbfunc.split_module(model), batch=batch)
+        >>> ctx = ctx.replace(own=sb.init(sbfunc.random.key(1)))
+        >>> sb.apply(sbfunc.Event.AFTER_DATALOADER, ctx).batch[0].shape  # one process here
         torch.Size([4, 4])
 
     References:

@@ -129,9 +129,9 @@ def sequence(*algorithms: Algorithm, name: str = "sequence") -> Algorithm:
         >>> from sbfunc.engine import Event, sequence
         >>> from sbfunc.testing import Toy
         >>> both = sequence(Toy(tag=1), Toy(tag=2))
-        >>> state = sbfunc.Context(sbfunc.random.key(0), own=both.init(sbfunc.random.key(0)))
-        >>> decision = both.match(Event.INIT, state)
-        >>> both.apply(Event.INIT, state.replace(matched=decision)).own  # each Toy logs its tag
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), own=both.init(sbfunc.random.key(0)))
+        >>> decision = both.match(Event.INIT, ctx)
+        >>> both.apply(Event.INIT, ctx.replace(matched=decision)).own  # each Toy logs its tag
         ((1,), (2,))
 
     References:
@@ -183,7 +183,7 @@ def named_sequence(*pairs: tuple[str, Algorithm], **algorithms: Algorithm) -> Al
 
 
 class _Gated(Algorithm):
-    """Runs ``part`` only while ``gate(event, state)`` holds; same name, state and flags.
+    """Runs ``part`` only while ``gate(event, ctx)`` holds; same name, state and flags.
 
     ``only`` narrows the events the part listens to; ``elapsed`` says the gate reads
     ``time.elapsed`` (so the step needs the run's length).
@@ -247,8 +247,8 @@ def on_events(algorithm: Algorithm, events: Iterable[Event]) -> Algorithm:
         >>> from sbfunc.engine import Event, on_events
         >>> from sbfunc.testing import Toy
         >>> alg = on_events(Toy(), [Event.BATCH_END])
-        >>> state = sbfunc.Context(sbfunc.random.key(0))
-        >>> alg.match(Event.BATCH_END, state), alg.match(Event.INIT, state)
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0))
+        >>> alg.match(Event.BATCH_END, ctx), alg.match(Event.INIT, ctx)
         (True, False)
 
     References:
@@ -286,8 +286,8 @@ def during(algorithm: Algorithm, start: float, end: float) -> Algorithm:
         >>> from sbfunc.engine import Event, during
         >>> from sbfunc.testing import Toy
         >>> alg = during(Toy(), 0.5, 0.9)
-        >>> state = sbfunc.Context(sbfunc.random.key(0))
-        >>> [alg.match(Event.INIT, state.replace(time=sbfunc.Time(elapsed=t)))
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0))
+        >>> [alg.match(Event.INIT, ctx.replace(time=sbfunc.Time(elapsed=t)))
         ...  for t in (0.4, 0.5, 0.9)]
         [False, True, False]
 
@@ -326,9 +326,9 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
         >>> from sbfunc.engine import Event, every_n_steps
         >>> from sbfunc.testing import Toy
         >>> alg = every_n_steps(Toy(), 3, offset=1)
-        >>> state = sbfunc.Context(sbfunc.random.key(0))
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0))
         >>> [s for s in range(8)
-        ...  if alg.match(Event.INIT, state.replace(time=sbfunc.Time(step=s)))]
+        ...  if alg.match(Event.INIT, ctx.replace(time=sbfunc.Time(step=s)))]
         [1, 4, 7]
 
     References:
@@ -346,14 +346,15 @@ def every_n_steps(algorithm: Algorithm, n: int, offset: int = 0) -> Algorithm:
 
 
 def when(algorithm: Algorithm, predicate: Callable[[Context], Any]) -> Algorithm:
-    """Run ``algorithm`` only when ``predicate(state)`` is true.
+    """Run ``algorithm`` only when ``predicate(ctx)`` is true.
 
     The predicate runs on the host with ``match`` (before the step's tensor work): decide from
-    ``state.time`` and Python values, not from tensors.
+    ``ctx.time`` and Python values, not from tensors.
 
     Args:
         algorithm: the algorithm to gate.
-        predicate: a pure function of the state (called once per event, before ``match``).
+        predicate: a pure function of the :class:`Context` (called once per event, before
+            ``match``).
 
     Returns:
         An :class:`Algorithm` with ``algorithm``'s name, state and flags.
@@ -365,9 +366,9 @@ def when(algorithm: Algorithm, predicate: Callable[[Context], Any]) -> Algorithm
         >>> from sbfunc.engine import Event, when
         >>> from sbfunc.testing import Toy
         >>> alg = when(Toy(), lambda s: s.time.epoch >= 2)
-        >>> state = sbfunc.Context(sbfunc.random.key(0))
-        >>> later = state.replace(time=sbfunc.Time(epoch=2))
-        >>> alg.match(Event.INIT, state), alg.match(Event.INIT, later)
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0))
+        >>> later = ctx.replace(time=sbfunc.Time(epoch=2))
+        >>> alg.match(Event.INIT, ctx), alg.match(Event.INIT, later)
         (False, True)
 
     References:
@@ -375,5 +376,5 @@ def when(algorithm: Algorithm, predicate: Callable[[Context], Any]) -> Algorithm
     """
     _check_algorithm(algorithm, "algorithm")
     if not callable(predicate):
-        raise TypeError(f"predicate must be callable (state -> bool), got {predicate!r}")
-    return _Gated(algorithm, lambda event, state: bool(predicate(state)), f"when({predicate!r})")
+        raise TypeError(f"predicate must be callable (ctx -> bool), got {predicate!r}")
+    return _Gated(algorithm, lambda event, ctx: bool(predicate(ctx)), f"when({predicate!r})")

@@ -131,8 +131,8 @@ def schedule_hyperparams(
         >>> from sbfunc.testing import Toy
         >>> alg = schedule_hyperparams(Toy)(tag=lambda t: round(10 * t))
         >>> key = sbfunc.random.key(0)
-        >>> state = sbfunc.Context(key, own=alg.init(key), time=sbfunc.Time(elapsed=0.3))
-        >>> alg.apply(Event.INIT, state).own  # (values, the Toy's own log)
+        >>> ctx = sbfunc.Context(key, own=alg.init(key), time=sbfunc.Time(elapsed=0.3))
+        >>> alg.apply(Event.INIT, ctx).own  # (values, the Toy's own log)
         ({'tag': 3}, (3,))
 
     References:

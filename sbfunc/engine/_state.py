@@ -171,7 +171,7 @@ class TrainState(NamedTuple):
 class Context(NamedTuple):
     """What one algorithm sees when it is applied on one event.
 
-    An ``apply(event, state)`` reads these fields and returns ``state.replace(...)``; the engine
+    An ``apply(event, ctx)`` reads these fields and returns ``ctx.replace(...)``; the engine
     writes ``params``, ``buffers``, ``opt_state``, the batch's values and ``own``/``scratch``
     back into the run. ``key`` is the algorithm's own key for this step and event: draw from
     it (split it for several draws) and never store it.

@@ -29,6 +29,7 @@ from sbfunc.module._io import (
     read_inputs,
     select_output,
 )
+from sbfunc.module._state import check_state
 from sbfunc.module._tokens import TokenLosses, TokenTargets, token_losses_of
 from sbfunc.types import Params
 
@@ -328,9 +329,13 @@ class ModuleLoss:
         loss's train/eval mode."""
         args, kwargs = read_inputs(batch, self.input)
         with module_mode(self.module, mode_flag(self.mode)) as module:
-            outputs = functional_call(
-                module, (params, buffers), args, kwargs, tie_weights=self._tied
-            )
+            try:
+                outputs = functional_call(
+                    module, (params, buffers), args, kwargs, tie_weights=self._tied
+                )
+            except (AttributeError, KeyError, RuntimeError):  # dicts of another model?
+                check_state(self, params, buffers)  # raises naming them, if they are
+                raise
         return select_output(outputs, self.output)
 
     def elements(self, outputs: Any, batch: Any) -> torch.Tensor | TokenLosses:

@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from sbfunc.module._loss import ModuleLoss
 from sbfunc.validation import describe
 
 __all__ = ["check_state"]
@@ -23,10 +22,12 @@ def _listed(items: list[str], brackets: str = "[]") -> str:
 
 
 def _module_behind(source: Any) -> nn.Module | None:
-    """The module ``source`` runs: itself, a ``ModuleLoss``'s module, or ``None``."""
+    """The module ``source`` runs: itself, the ``module`` a loss carries (a ``ModuleLoss``),
+    or ``None``."""
     if isinstance(source, nn.Module):
         return source
-    return source.module if isinstance(source, ModuleLoss) else None
+    module = getattr(source, "module", None)
+    return module if isinstance(module, nn.Module) else None
 
 
 def _given(params: Any, buffers: Any) -> dict[str, tuple[str, torch.Tensor]]:
@@ -105,7 +106,8 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
     other dtypes (mixed precision) and devices; a tied tensor under any of its names; a
     parameter passed in ``buffers`` (held constant) and the other way round; a non-persistent
     buffer left out (not state: the module's own is used). A plain loss function with no module
-    behind it (anything but a :class:`~sbfunc.module.ModuleLoss`) is not checked.
+    behind it (no ``module`` attribute, as a :class:`~sbfunc.module.ModuleLoss` has) is not
+    checked.
 
     Args:
         source: a :class:`~sbfunc.module.ModuleLoss` (its ``module`` is compared), an

@@ -54,8 +54,8 @@ class Toy(Algorithm):
         >>> from sbfunc.engine import Event
         >>> from sbfunc.testing import Toy
         >>> toy = Toy(tag=7, events=[Event.BATCH_END])
-        >>> state = sbfunc.Context(sbfunc.random.key(0), own=toy.init(sbfunc.random.key(0)))
-        >>> toy.match(Event.INIT, state), toy.apply(Event.BATCH_END, state).own
+        >>> ctx = sbfunc.Context(sbfunc.random.key(0), own=toy.init(sbfunc.random.key(0)))
+        >>> toy.match(Event.INIT, ctx), toy.apply(Event.BATCH_END, ctx).own
         (False, (7,))
 
     References:

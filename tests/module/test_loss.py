@@ -313,3 +313,26 @@ def test_module_mode_keeps_the_modules_own_mode():
     torch.manual_seed(0)
     b = loss_fn.with_mode("train")(params, buffers, batch)
     assert torch.equal(a, b) and model.training
+
+
+def test_a_step_given_another_models_params_names_the_mismatch():
+    """Issue 35 item 9: ``step(state.replace(params=other), batch)`` raised torch's raw
+    ``AttributeError: Tiny has no attribute '0'``; it now names the missing and unexpected
+    entries and the fix, as ``step.init`` does."""
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.a(x)
+
+    model, other = Tiny(), torch.nn.Sequential(torch.nn.Linear(3, 2))
+    loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    state = state.replace(params=sbfunc.split_module(other)[0])
+    batch = (torch.randn(4, 3), torch.randint(0, 2, (4,)))
+    with pytest.raises(ValueError, match=r"missing \['a.weight', 'a.bias'\].*split_module"):
+        step(state, batch)
