@@ -5,6 +5,9 @@ the optimizer state and the losses after a few eager steps, written by sbfunc 1.
 ``python tests/golden_configs.py --write`` (run against a checkout of the 1.0.0 tag).
 ``tests/test_golden.py`` recomputes them with the code under test: a refactor must not change
 a single bit where the randomness did not change on purpose (the CHANGELOG says where it did).
+Where it did, ``tests/data/golden_1_1_0.json`` holds the value the configuration has had since
+(written with ``python -m tests.golden_configs --write-1.1 NAME ...`` by the code that changed
+it) and ``tests/test_golden.py`` says why; the 1.0.0 file is never rewritten.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from torch import nn
 import sbfunc
 
 GOLDEN = Path(__file__).parent / "data" / "golden_1_0_0.json"
+GOLDEN_1_1 = Path(__file__).parent / "data" / "golden_1_1_0.json"
 STEPS = 4
 N, D, C = 24, 6, 4
 
@@ -136,3 +140,8 @@ def digest(name: str) -> str:
 if __name__ == "__main__" and "--write" in sys.argv:
     GOLDEN.write_text(json.dumps({n: digest(n) for n in configs()}, indent=1) + "\n")
     print(GOLDEN.read_text())
+elif __name__ == "__main__" and "--write-1.1" in sys.argv:
+    names = sys.argv[sys.argv.index("--write-1.1") + 1 :]
+    old = json.loads(GOLDEN_1_1.read_text()) if GOLDEN_1_1.exists() else {}
+    GOLDEN_1_1.write_text(json.dumps({**old, **{n: digest(n) for n in names}}, indent=1) + "\n")
+    print(GOLDEN_1_1.read_text())

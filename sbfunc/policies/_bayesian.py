@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._finite import finite_entries
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
 from sbfunc.policies._last_layer import last_layer_errors
 from sbfunc.policies._tables import lookup_by_id, loss_table
@@ -83,9 +84,11 @@ def bayesian(
     code): the logits of row ``i`` are ``f = z_i + s_i * eps @ L_U^-T`` with ``z_i`` the mean
     logits, ``s_i^2 = max(phi_i^T V^-1 phi_i, 1e-6)`` (``phi_i`` the head's input),
     ``V = sqrt(n) A + sqrt(lambda) I``, ``U = sqrt(n) G + sqrt(lambda) I = L_U L_U^T``
-    (``n = num_effective_data``, ``lambda = prior_precision``) and ``eps`` standard normal,
-    ``draws`` of them per row: ``sbfunc.random.normal(split(key)[0], (N, draws, C))``. Ties are
-    broken at random by ``split(key)[1]``. ``A`` and ``G`` (:class:`BayesianState`) are moving
+    (``n = num_effective_data``, ``lambda = prior_precision``) and ``eps`` standard normal:
+    ``draws`` of them, ``sbfunc.random.normal(split(key)[0], (draws, C))``, shared by every row
+    (common random numbers: each row's estimate has the law of its own ``draws`` independent
+    draws, and rows are compared on the same draws). Ties are broken at random by
+    ``split(key)[1]``. ``A`` and ``G`` (:class:`BayesianState`) are moving
     averages (``decay``) of the kept rows' ``phi phi^T`` and ``e e^T``, ``e = softmax(z) -
     onehot(y)``, updated after each selection (the first update copies); before any update
     every draw is ``z`` and the score is ``(1 - alpha) * (loss - reference loss)``, RHO-LOSS.
@@ -102,12 +105,23 @@ def bayesian(
     Needs the signals ``logits``, ``features`` and ``targets`` (class indices); the scores are
     read only for their finiteness (the loss is the cross-entropy of the logits): a row with a
     non-finite score, logits or features ranks last and is never recorded in the factors.
-    ``weights=None``; fixed shapes, no host reads; ``N * draws * C`` floats per step.
+    ``weights=None``; fixed shapes, no host reads.
+
+    **Cost.** Per step, a ``D x D`` Cholesky factorisation and a triangular solve of the ``N``
+    rows' features (``O(D^3 + N D^2)``, whatever ``draws`` is), ``draws * C`` normal draws and
+    ``N * draws * C`` drawn logits to reduce. ``draws`` is the lever on the last part: on the
+    1-D CNN of ``benchmarks/eager_selection.py`` (``D = 640``, ``N = 256``, ``C = 10``) an eager
+    step costs about 1.6-1.8x a uniform SB step at the default 256 draws, 1.5-1.7x at 16 and
+    2.4x at 1024, the factorisation being half of the selection's time. Since sbfunc 1.1 the
+    rows share the draws (1.0 drew ``(N, draws, C)`` normals: 11-22x a uniform SB step
+    eagerly); the same key gives the same numbers eagerly and compiled on every device, and
+    they are ``jax.random.normal(k, (draws, C))``'s.
 
     Deviations from the official code: the factors are updated from the scoring forward's
     signals of the kept rows (the code uses the training forward of the kept rows, the same
-    parameters in train mode); no Cholesky jitter retries (the prior keeps both factors
-    positive definite); ``log E_q p`` by ``logsumexp``.
+    parameters in train mode); the rows share their draws (the code draws ``(N, draws, C)``);
+    no Cholesky jitter retries (the prior keeps both factors positive definite); ``log E_q p``
+    by ``logsumexp``.
 
     Args:
         keep: fraction kept, in (0, 1] (the code's ``select_rate``, 0.1).
@@ -117,7 +131,8 @@ def bayesian(
             by sample id (one entry per dataset index), or ``None``.
         alpha: the weight of the model's own term, in [0, 1] (code: 0.5 by default, 0.2 for
             CIFAR-10 and 0.3 for CIFAR-100 in its README).
-        draws: Monte-Carlo draws of the logits per row (code: 256).
+        draws: Monte-Carlo draws of the logits, shared by the rows (code: 256 per row); the
+            cost of the predictive part grows with it (see Cost).
         decay: the factors' EMA momentum, in [0, 1) (code: 0.99).
         prior_precision: ``lambda > 0`` (code: 1 by default, 10 in its README).
         num_effective_data: ``n > 0`` (code: 10000 by default, 200 for CIFAR-10 and 1000 for
@@ -222,29 +237,30 @@ def _checked(signals: Signals | None, dims: tuple[int, int]) -> Signals:
 
 
 def _cholesky(factor: torch.Tensor, cfg: _Config, dtype: torch.dtype) -> torch.Tensor:
-    """The Cholesky factor of ``sqrt(n) * factor + sqrt(lambda) * I`` (no host check)."""
-    eye = torch.eye(factor.shape[0], dtype=dtype, device=factor.device)
-    precision = math.sqrt(cfg.num_effective_data) * factor.to(dtype)
-    return torch.linalg.cholesky_ex(precision + math.sqrt(cfg.prior_precision) * eye).L
+    """The lower Cholesky factor of ``sqrt(n) * factor + sqrt(lambda) * I`` (no host check)."""
+    precision = factor.to(dtype) * math.sqrt(cfg.num_effective_data)
+    precision.diagonal().add_(math.sqrt(cfg.prior_precision))
+    return torch.linalg.cholesky_ex(precision).L
 
 
-def _draws(
-    signals: Signals, state: BayesianState, key: sbrandom.Key, cfg: _Config
+def _stds(h: torch.Tensor, state: BayesianState, cfg: _Config, dtype: torch.dtype) -> torch.Tensor:
+    """``Tensor[N]``: ``sqrt(max(phi_i^T V^-1 phi_i, 1e-6))``, 0 before any factor update (the
+    draws are then the mean logits). With ``V = L L^T``, ``phi^T V^-1 phi`` is the squared norm
+    of row ``i`` of ``H L^-T``: one triangular solve from the right, with no transposed copy."""
+    lower = _cholesky(state.features, cfg, dtype)
+    z = torch.linalg.solve_triangular(lower.T, h.to(dtype), upper=True, left=False)
+    std = torch.linalg.vector_norm(z, dim=1).clamp_min(math.sqrt(VARIANCE_FLOOR))
+    return torch.where(state.rows > 0, std, 0.0)
+
+
+def _class_noise(
+    state: BayesianState, key: sbrandom.Key, cfg: _Config, dtype: torch.dtype, classes: int
 ) -> torch.Tensor:
-    """``Tensor[N, draws, C]`` logits drawn from the posterior (the mean logits before any
-    factor update)."""
-    logits, h = signals.logits, signals.features
-    assert logits is not None and h is not None
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    n, c = logits.shape
-    solve = torch.linalg.solve_triangular
-    z = solve(_cholesky(state.features, cfg, dtype), h.to(dtype).T, upper=False)
-    std = (z * z).sum(0).clamp_min(VARIANCE_FLOOR).sqrt()  # sqrt(phi^T V^-1 phi)
-    std = torch.where(state.rows > 0, std, 0.0)  # no posterior yet: the mean logits
-    eye = torch.eye(c, dtype=dtype, device=logits.device)
-    root = solve(_cholesky(state.classes, cfg, dtype), eye, upper=False).T  # L_U^-T
-    eps = sbrandom.normal(key, (n, cfg.draws, c), dtype=dtype, device=logits.device)
-    return logits.to(dtype).unsqueeze(1) + std.reshape(n, 1, 1) * (eps @ root)
+    """``Tensor[C, draws]``: ``(eps @ L_U^-T)^T = L_U^-1 eps^T`` for ``eps = normal(key,
+    (draws, C))``, the draws every row shares (common random numbers), class-major."""
+    lower = _cholesky(state.classes, cfg, dtype)
+    eps = sbrandom.normal(key, (cfg.draws, classes), dtype=dtype, device=lower.device)
+    return torch.linalg.solve_triangular(lower, eps.T, upper=False).contiguous()
 
 
 def _objective(
@@ -256,23 +272,39 @@ def _objective(
     cfg: _Config,
 ) -> torch.Tensor:
     """The selection objective per row, NaN where the score, logits or features are not
-    finite."""
-    f = _draws(signals, state, key, cfg)
-    assert signals.targets is not None and signals.logits is not None
-    n, s, _ = f.shape
-    y = signals.targets.reshape(n, 1, 1).expand(n, s, 1)
-    ll = torch.log_softmax(f, dim=-1).gather(-1, y).squeeze(-1)  # log p(y|f) per draw
-    objective = cfg.alpha * ll.mean(1) - (torch.logsumexp(ll, 1) - math.log(s))
+    finite. The drawn logits ``f = z_i + s_i e_j`` are laid out class-major, ``[C, N,
+    draws]``, so the log-sum-exp over the classes reduces over the outer dimension (contiguous
+    rows of draws) and ``f`` is made in one fused multiply-add."""
+    logits, h, y = signals.logits, signals.features, signals.targets
+    assert logits is not None and h is not None and y is not None
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    n, c = logits.shape
+    z = logits.to(dtype)
+    std = _stds(h, state, cfg, dtype)
+    e = _class_noise(state, key, cfg, dtype, c)  # [C, S]
+    f = torch.addcmul(z.T.contiguous().unsqueeze(2), std.reshape(1, n, 1), e.unsqueeze(1))
+    target = torch.addcmul(z.gather(1, y.reshape(n, 1)), std.reshape(n, 1), e[y])
+    ll = target.sub_(_logsumexp_(f, 0))  # log p(y|f) per draw, [N, S]
+    mean_ll = ll.mean(1)
+    objective = cfg.alpha * mean_ll - (_logsumexp_(ll, 1) - math.log(cfg.draws))
     if reference_ll is not None:
         objective = objective + (1.0 - cfg.alpha) * reference_ll.to(objective)
-    ok = _finite_rows(scores.to(f.device), signals)
+    ok = _finite_rows(scores.to(logits.device), signals)
     return torch.where(ok, objective, torch.nan)
+
+
+def _logsumexp_(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """``log(sum(exp(x), dim))``, overwriting ``x``: shifted by the maximum, as
+    ``torch.logsumexp`` (whose guard for an infinite maximum is left out: a row with one is
+    not finite and ranks last anyway)."""
+    top = x.amax(dim, keepdim=True)
+    return x.sub_(top).exp_().sum(dim).log_().add_(top.squeeze(dim))
 
 
 def _finite_rows(scores: torch.Tensor, signals: Signals) -> torch.Tensor:
     assert signals.logits is not None and signals.features is not None
-    rows = torch.isfinite(signals.logits).all(1) & torch.isfinite(signals.features).all(1)
-    return torch.isfinite(scores) & rows
+    rows = finite_entries(signals.logits).all(1) & finite_entries(signals.features).all(1)
+    return finite_entries(scores) & rows
 
 
 def _update(
@@ -286,14 +318,14 @@ def _update(
     decay) * H^T H / k`` (a copy on the first update; no change when no row counts)."""
     assert signals.logits is not None and signals.features is not None
     assert signals.targets is not None
-    rows = torch.zeros_like(finite).index_fill(0, kept, True) & finite
-    h = torch.where(rows.unsqueeze(1), signals.features, 0.0).to(state.features)
-    errors = last_layer_errors(signals.logits, signals.targets)
-    e = torch.where(rows.unsqueeze(1), errors, 0.0).to(state.classes)
-    count = rows.sum()
-    per_row = 1.0 / count.clamp_min(1).to(state.features.dtype)
+    ok = finite.index_select(0, kept).unsqueeze(1)  # the kept rows that count (k static)
+    h = torch.where(ok, signals.features.index_select(0, kept), 0.0).to(state.features)
+    logits, targets = signals.logits.index_select(0, kept), signals.targets.index_select(0, kept)
+    e = torch.where(ok, last_layer_errors(logits, targets), 0.0).to(state.classes)
+    count = ok.sum()
     first = torch.where(state.rows == 0, 1.0, 1.0 - cfg.decay)
     w = torch.where(count > 0, first, 0.0).to(state.features.dtype)
-    features = state.features * (1.0 - w) + (h.T @ h) * (per_row * w)
-    classes = state.classes * (1.0 - w) + (e.T @ e) * (per_row * w)
+    scale = (w / count.clamp_min(1)).sqrt()  # the rows scaled by sqrt(w / k): one addmm each
+    features = torch.addmm(state.features * (1.0 - w), h.T * scale, h * scale)
+    classes = torch.addmm(state.classes * (1.0 - w), e.T * scale, e * scale)
     return BayesianState(features, classes, state.rows + count, state.reference_losses)

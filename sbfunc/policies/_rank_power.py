@@ -13,6 +13,7 @@ from sbfunc.select import (
     Selection,
     ascending_lowest,
     check_keep,
+    distinct_order,
     finite_split,
     kept_count,
     perturbed,
@@ -33,7 +34,10 @@ def rank_power(keep: float) -> Policy:
     Non-finite scores rank below every finite one with weight 0 (:mod:`sbfunc.select`):
     they are kept only when fewer than ``k`` scores are finite. Stateless
     (:class:`~sbfunc.policies.EmptyState`); ``weights=None`` (biased towards high loss on
-    purpose); ``keep=1`` keeps every row.
+    purpose); ``keep=1`` keeps every row. The tie-breaking noise is ``bits(split(key)[0], N)``
+    and the Gumbel noise's uniform ``uniform(split(key)[1], N)``; eagerly on the CPU, while every
+    score is finite and distinct, the tie noise cannot change the order and is not drawn (the
+    same selection, bit for bit; :func:`~sbfunc.select.distinct_order`).
 
     Args:
         keep: fraction kept, in (0, 1].
@@ -62,10 +66,13 @@ def rank_power(keep: float) -> Policy:
     keep = check_keep(keep)
 
     def rule(scores: torch.Tensor, key: sbrandom.Key, ids: torch.Tensor | None) -> Selection:
-        n = scores.shape[0]
-        tie_key, draw_key = sbrandom.split(key)
-        tie_noise = sbrandom.bits(tie_key, (n,), device=scores.device)
-        u = sbrandom.uniform(draw_key, (n,), device=scores.device)
+        n, device = scores.shape[0], scores.device
+        # split(key)'s two children, each made when needed (fold_in(key, i) is split(key)[i])
+        u = sbrandom.uniform(sbrandom.fold_in(key, 1), (n,), device=device)
+        order = distinct_order(scores)  # eagerly: no tie can arise, so no tie noise is drawn
+        if order is not None:
+            return Selection(_draw(order, keep, u))
+        tie_noise = sbrandom.bits(sbrandom.fold_in(key, 0), (n,), device=device)
         return Selection(rank_power_indices(scores, keep, tie_noise, u))
 
     return stateless(rule)
@@ -118,6 +125,15 @@ def rank_power_indices(
     order = ascending_lowest(lowest, tie_noise)
     keys = _rank_power_keys(n, keep, nonfinite, sbrandom.gumbel_from_uniform(u))
     return sorted_unique(order[torch.topk(keys, kept_count(n, keep), sorted=False).indices], n)
+
+
+def _draw(order: torch.Tensor, keep: float, u: torch.Tensor) -> torch.Tensor:
+    """:func:`rank_power_indices` for scores that are all finite and distinct, from their
+    ascending ``order`` (:func:`~sbfunc.select.distinct_order`)."""
+    n = order.shape[0]
+    keys = _rank_power_keys(n, keep, 0, sbrandom.gumbel_from_uniform(u))
+    positions = torch.topk(keys, kept_count(n, keep), sorted=False).indices
+    return sorted_unique(order.index_select(0, positions), n)
 
 
 # Below this exponent every rank-power log-weight is finite in float32: |log((r + 0.5) / N)| is

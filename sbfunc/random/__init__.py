@@ -22,8 +22,10 @@ plain integer tensor ops. Hence
 Deriving streams. Never reuse a key for two purposes: :func:`split` makes ``num`` independent
 children (child ``i`` encrypts the counter ``(0, i)``), :func:`fold_in` mixes an integer into a
 key (a step, a rank, a sample id; a 0-d tensor works too, inside a compiled step). Key
-derivation on a CPU key in eager code runs the cipher on Python ints (tens of microseconds);
-elsewhere it is ~150 elementwise tensor ops, fused into one kernel by ``torch.compile``.
+derivation on a CPU key in eager code, and draws of up to 4096 elements on the CPU, run the
+cipher on packed Python ints and dispatch no tensor op (microseconds; see
+``docs/concepts/randomness.md``); elsewhere it is ~150 elementwise tensor ops, fused into one
+kernel by ``torch.compile``.
 :func:`keyed` runs a model's own dropout (and ``torch.rand``-style calls) from a key.
 
 Example:

@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from sbfunc._tracing import host_readable
-from sbfunc.random._threefry import (
-    MASK,
-    Word,
-    block,
-    counters,
-    host_blocks,
-    host_key_words,
-    words,
-)
+from sbfunc._tracing import host_readable, tracing
+from sbfunc.random._host import host_blocks, host_key, host_key_words, words
+from sbfunc.random._threefry import MASK, Word, block, counters, host_block
 from sbfunc.types import Key
 from sbfunc.validation import check_int
 
 __all__ = ["Key", "check_key", "fold_in", "is_key", "key", "split"]
 
 
-_HOST_SPLIT_MAX = 16  # above this many children, one vectorised tensor pass is cheaper
+_HOST_SPLIT_MAX = 256  # above this many children, one vectorised tensor pass is cheaper
 
 
 def _describe(obj: object) -> str:
@@ -105,7 +98,10 @@ def key(seed: int, *, device: torch.device | str | None = None) -> Key:
         JAX ``jax.random.key`` / ``PRNGKey`` (``threefry_seed``).
     """
     seed = check_int(seed, "seed")
-    return torch.tensor([(seed >> 32) & MASK, seed & MASK], dtype=torch.int64, device=device)
+    pair = ((seed >> 32) & MASK, seed & MASK)
+    if (device is None or torch.device(device).type == "cpu") and not tracing():
+        return host_key(pair)
+    return torch.tensor(pair, dtype=torch.int64, device=device)
 
 
 def _derive(k: Key, hi: Word, lo: Word) -> torch.Tensor:
@@ -148,8 +144,9 @@ def split(k: Key, num: int = 2) -> torch.Tensor:
     k = check_key(k, "k")
     num = check_int(num, "num", low=1)
     if num <= _HOST_SPLIT_MAX and host_readable(k):
-        rows = host_blocks(*host_key_words(k), num)
-        return torch.tensor(rows, dtype=torch.int64, device=k.device)
+        w0, w1 = host_key_words(k)
+        rows = host_blocks(w0, w1, num)
+        return host_key([w for row in rows for w in row], (num, 2))
     hi, lo = counters((num,), k.device)
     return _derive(k, hi, lo)
 
@@ -201,9 +198,7 @@ def fold_in(k: Key, data: int | torch.Tensor) -> Key:
     data = check_int(data, "data")
     if host:
         w0, w1 = host_key_words(k)
-        return torch.tensor(
-            block(w0, w1, (data >> 32) & MASK, data & MASK), dtype=torch.int64, device=k.device
-        )
+        return host_key(host_block(w0, w1, (data >> 32) & MASK, data & MASK))
     # As an int64 tensor: an int that became symbolic in a compiled graph (it crossed a
     # graph break) must stay in integer tensor arithmetic, never mix into it as a scalar.
     # While compiling, ``data`` may be symbolic (an int that crossed a graph break): no Python

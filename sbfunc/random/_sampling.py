@@ -14,16 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from sbfunc._tracing import host_readable
+from sbfunc.random._host import host_bits, host_blocks, host_key_words, host_unit32, words
 from sbfunc.random._keys import Key, check_key
-from sbfunc.random._threefry import (
-    Word,
-    block,
-    counters,
-    host_blocks,
-    host_key_words,
-    normalize_shape,
-    words,
-)
+from sbfunc.random._threefry import Word, block, counters, normalize_shape
 from sbfunc.validation import check_fraction, check_real
 
 __all__ = ["bernoulli", "bits", "gumbel", "gumbel_from_uniform", "normal", "uniform"]
@@ -50,30 +43,33 @@ def check_float_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype
 
 
-_HOST_BLOCKS_MAX = 128  # up to this many elements, packed Python-int blocks beat ~300 tensor ops
+_HOST_BLOCKS_MAX = 4096  # up to this many elements, packed Python-int blocks beat ~150 tensor ops
 
 
-def _host_rows(
-    k: Key, dims: tuple[int, ...], device: torch.device
-) -> list[tuple[int, int]] | None:
-    """Both output words of every element's block as Python ints, for a small draw eagerly on
-    the CPU (a batch's worth of tie noise or Gumbel noise): every block in one pass over
-    packed Python ints (:func:`~sbfunc.random._threefry.host_blocks`, ~20 us for 8) instead
-    of the ~0.6 ms of the vectorised cipher's ~300 small tensor ops; the words are the same.
-    ``None`` when the draw is large, on an accelerator or traced."""
+def _host_words(k: Key, dims: tuple[int, ...], device: torch.device) -> tuple[int, int] | None:
+    """The key's words, for a draw that the host path makes: eagerly on the CPU, of at most
+    ``_HOST_BLOCKS_MAX`` elements (a batch's worth of tie noise or Gumbel noise), every block
+    in one pass over packed Python ints (:mod:`~sbfunc.random._host`, ~40 us for 256)
+    instead of the ~0.4 ms of the vectorised cipher's ~150 small tensor ops; the words are the
+    same. ``None`` when the draw is large, on an accelerator or traced."""
     n = math.prod(dims)
     if not (isinstance(n, int) and 0 < n <= _HOST_BLOCKS_MAX and device.type == "cpu"):
         return None
     if not host_readable(k):
         return None
-    return host_blocks(*host_key_words(k), n)
+    w0, w1 = host_key_words(k)
+    return w0, w1
+
+
+def _shaped(flat: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    return flat if len(dims) == 1 else flat.reshape(dims)
 
 
 def _blocks(
     k: Key, dims: tuple[int, ...], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both output words of the block for every element of ``dims`` (int64 tensors, the
-    vectorised cipher: the callers take :func:`_host_rows` first where it applies)."""
+    vectorised cipher: the callers take :func:`_host_words` first where it applies)."""
     hi, lo = counters(dims, device)
     w0, w1 = words(k, device)
     y0, y1 = block(w0, w1, hi, lo)
@@ -107,9 +103,10 @@ def bits(k: Key, shape: Shape, *, device: Device = None) -> torch.Tensor:
         "Parallel Random Numbers: As Easy as 1, 2, 3".
     """
     dev, dims = target_device(k, device), normalize_shape(shape)
-    rows = _host_rows(check_key(k, "k"), dims, dev)
-    if rows is not None:  # the XOR on the host too: one tensor made, no tensor op
-        return torch.tensor([y0 ^ y1 for y0, y1 in rows], dtype=torch.int64).reshape(dims)
+    w = _host_words(check_key(k, "k"), dims, dev)
+    out = None if w is None else host_bits((w,), math.prod(dims))
+    if out is not None:  # the XOR on the host too: no tensor op
+        return _shaped(out, dims)
     y0, y1 = _blocks(k, dims, dev)
     return y0 ^ y1
 
@@ -130,8 +127,13 @@ def _unit(k: Key, shape: Shape, dtype: torch.dtype, device: torch.device) -> tor
     info = torch.finfo(check_float_dtype(dtype))
     mant = _mantissa_bits(dtype)
     dims = normalize_shape(shape)
-    rows = _host_rows(check_key(k, "k"), dims, device)
-    if rows is not None:  # the same arithmetic on Python ints; every value is exact
+    w = _host_words(check_key(k, "k"), dims, device)
+    if w is not None:  # the same arithmetic on Python ints; every value is exact
+        n = math.prod(dims)
+        out = host_unit32((w,), n) if dtype == torch.float32 else None
+        if out is not None:
+            return _shaped(out, dims)
+        rows = host_blocks(*w, n)
         values = [_grid(y0, y1, info.bits, mant) * 2.0**-mant for y0, y1 in rows]
         return torch.tensor(values, dtype=dtype).reshape(dims)
     y0, y1 = _blocks(k, dims, device)
@@ -191,13 +193,15 @@ def uniform(
     References:
         JAX ``jax.random.uniform`` (the mantissa construction).
     """
+    dev = target_device(k, device)
+    if type(minval) is float and type(maxval) is float and (minval, maxval) == (0.0, 1.0):
+        return _unit(k, shape, dtype, dev)  # the unit draw itself (no bound to check)
     lo, hi = check_real(minval, "minval"), check_real(maxval, "maxval")
     mant = _mantissa_bits(dtype)
     if _round(hi, mant) <= _round(lo, mant):
         raise ValueError(
             f"maxval must be > minval in {dtype}, got minval={lo}, maxval={hi} (an empty range)"
         )
-    dev = target_device(k, device)
     u = _unit(k, shape, dtype, dev)
     if lo == 0.0 and hi == 1.0:
         return u

@@ -9,38 +9,35 @@ any device (one fused kernel under ``torch.compile``).
 
 from __future__ import annotations
 
-import array
-import functools
 import math
-import sys
 from collections.abc import Sequence
 from typing import Union
 
 import torch
 
-from sbfunc._tracing import host_readable
-
 __all__ = [
     "MASK",
+    "PARITY",
+    "ROTATIONS",
     "Word",
     "block",
     "counters",
-    "host_blocks",
-    "host_key_words",
+    "host_block",
     "normalize_shape",
-    "words",
 ]
 
 Word = Union[int, torch.Tensor]  # noqa: UP007 (a runtime alias: py3.10 `int | Tensor` is fine too)
 """A 32-bit word: a Python int or an int64 tensor of values in ``[0, 2**32)``."""
 
 MASK = 0xFFFFFFFF
-_PARITY = 0x1BD11BDA  # Threefry's key-schedule constant (Salmon et al. 2011)
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+PARITY = 0x1BD11BDA  # Threefry's key-schedule constant (Salmon et al. 2011)
+ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
 def _rotl(x: Word, r: int) -> Word:
-    return ((x << r) & MASK) | (x >> (32 - r))
+    """``x`` rotated left by ``r`` bits (``x`` below ``2**32``: the right shift needs no mask,
+    and one mask after the OR clears what the left shift pushed past 32 bits)."""
+    return ((x << r) | (x >> (32 - r))) & MASK
 
 
 def _same(x: Word) -> Word:
@@ -62,13 +59,13 @@ def block(k0: Word, k1: Word, x0: Word, x1: Word) -> tuple[Word, Word]:
     type of the arguments (a tensor if any argument is one).
     """
     if type(k0) is int and type(k1) is int and type(x0) is int and type(x1) is int:
-        return _host_block(k0, k1, x0, x1)
+        return host_block(k0, k1, x0, x1)
     settle = _materialize if torch.compiler.is_compiling() else _same
-    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    ks = (k0, k1, k0 ^ k1 ^ PARITY)
     x0 = (x0 + ks[0]) & MASK
     x1 = (x1 + ks[1]) & MASK
     for i in range(5):
-        for r in _ROTATIONS[i % 2]:
+        for r in ROTATIONS[i % 2]:
             x0 = settle((x0 + x1) & MASK)
             x1 = settle(_rotl(x1, r) ^ x0)
         x0 = (x0 + ks[(i + 1) % 3]) & MASK
@@ -76,82 +73,20 @@ def block(k0: Word, k1: Word, x0: Word, x1: Word) -> tuple[Word, Word]:
     return x0, x1
 
 
-def _host_block(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
+def host_block(k0: int, k1: int, x0: int, x1: int) -> tuple[int, int]:
     """:func:`block` on Python ints, its rotations inlined: the eager host path (key
     derivation, small draws) calls it per element, and the calls of the generic form cost
     about half its time there. The same words (tested against the tensor form)."""
-    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    ks = (k0, k1, k0 ^ k1 ^ PARITY)
     x0 = (x0 + k0) & MASK
     x1 = (x1 + k1) & MASK
     for i in range(5):
-        for r in _ROTATIONS[i % 2]:
+        for r in ROTATIONS[i % 2]:
             x0 = (x0 + x1) & MASK
             x1 = (((x1 << r) & MASK) | (x1 >> (32 - r))) ^ x0
         x0 = (x0 + ks[(i + 1) % 3]) & MASK
         x1 = (x1 + ks[(i + 2) % 3] + i + 1) & MASK
     return x0, x1
-
-
-_LANE = 64  # bits per lane of host_blocks' packed ints: a 32-bit word and room for carries
-
-
-def host_blocks(k0: int, k1: int, n: int) -> list[tuple[int, int]]:
-    """:func:`block` under the key ``(k0, k1)`` of the counters ``(0, i)`` for ``i < n``, all
-    ``n`` at once on Python ints: the counters are packed into one int, a word per 64-bit
-    lane, and the cipher runs once on the packed int (SIMD within a register). Every lane sum
-    stays below ``2**34`` and every shifted word below ``2**61``, so no lane spills into the
-    next, and each lane's words are exactly :func:`block`'s. A batch's worth of draws costs
-    about two blocks instead of ``n``.
-
-    Example:
-        >>> host_blocks(0, 42, 2) == [block(0, 42, 0, 0), block(0, 42, 0, 1)]
-        True
-    """
-    if n <= 1:
-        return [_host_block(k0, k1, 0, 0)] if n == 1 else []
-    ones, index = _packed_counters(n)
-    mask = MASK * ones
-    ks = (k0 * ones, k1 * ones, (k0 ^ k1 ^ _PARITY) * ones)
-    x0 = ks[0]
-    x1 = (index + ks[1]) & mask
-    for i in range(5):
-        for r in _ROTATIONS[i % 2]:
-            x0 = (x0 + x1) & mask
-            x1 = (((x1 << r) | (x1 >> (32 - r))) & mask) ^ x0
-        x0 = (x0 + ks[(i + 1) % 3]) & mask
-        x1 = (x1 + ks[(i + 2) % 3] + (i + 1) * ones) & mask
-    size = n * _LANE // 8
-    return list(zip(_lanes(x0, size), _lanes(x1, size), strict=True))
-
-
-@functools.lru_cache(maxsize=64)
-def _packed_counters(n: int) -> tuple[int, int]:
-    """``(ones, index)``: 1 in each of ``n`` lanes, and lane ``i`` holding ``i`` (two ints)."""
-    return sum(1 << (_LANE * i) for i in range(n)), sum(i << (_LANE * i) for i in range(n))
-
-
-def _lanes(packed: int, size: int) -> array.array[int]:
-    """The 64-bit lanes of ``packed`` (``size`` bytes), lowest lane first."""
-    out = array.array("Q", packed.to_bytes(size, "little"))
-    if sys.byteorder == "big":
-        out.byteswap()
-    return out
-
-
-def host_key_words(k: torch.Tensor) -> tuple[int, int]:
-    """The two words of key ``k`` as Python ints (the caller checked :func:`host_readable`)."""
-    w0, w1 = k.tolist()
-    return w0 & MASK, w1 & MASK
-
-
-def words(k: torch.Tensor, device: torch.device | None = None) -> tuple[Word, Word]:
-    """The two words of key ``k``: Python ints when :func:`host_readable`, else int64 tensors on
-    ``device`` (default: the key's device)."""
-    if host_readable(k):
-        return host_key_words(k)
-    if device is not None and k.device != device:
-        k = k.to(device)
-    return k[0], k[1]
 
 
 def normalize_shape(

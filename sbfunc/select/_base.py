@@ -18,7 +18,9 @@ state unchanged); the step then makes no update and counts the batch as skipped.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -28,7 +30,14 @@ from sbfunc._finite import finite_entries
 from sbfunc._tracing import host_readable
 from sbfunc.validation import check_fraction
 
-__all__ = ["Selection", "check_keep", "kept_count", "nonfinite_lowest", "ranks"]
+__all__ = [
+    "Selection",
+    "check_keep",
+    "distinct_order",
+    "kept_count",
+    "nonfinite_lowest",
+    "ranks",
+]
 
 
 class Selection(NamedTuple):
@@ -141,6 +150,41 @@ def finite_split(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | int
     if host_readable(finite) and bool(finite.all()):
         return scores, 0
     return torch.where(finite, scores, -torch.inf), (~finite).sum()
+
+
+def distinct_order(scores: torch.Tensor) -> torch.Tensor | None:
+    """The ascending order of ``scores`` when no tie can arise, eagerly on the CPU: every
+    score finite and no two equal (``-0.0`` equals ``0.0``), read from one sort (a ``topk`` of
+    every row: ties, where its order would be arbitrary, are refused anyway). Tie-breaking
+    noise cannot change that order, so a caller need not draw it: the selection is the one
+    the noise would give, bit for bit.
+
+    Args:
+        scores: ``Tensor[N]``.
+
+    Returns:
+        ``int64 Tensor[N]``, the permutation that sorts ``scores`` ascending, or ``None`` (a
+        tie, a non-finite score, integer scores, an accelerator, tracing): then the caller
+        breaks the ties with noise (:func:`ascending_order`).
+
+    Example:
+        >>> sbfunc.select.distinct_order(torch.tensor([0.3, 0.1, 0.2]))
+        tensor([1, 2, 0])
+        >>> sbfunc.select.distinct_order(torch.tensor([0.3, 0.1, 0.3])) is None
+        True
+
+    References:
+        SciPy ``rankdata(method="ordinal")``: with no tie, every tie rule gives this order.
+    """
+    if not (scores.dtype.is_floating_point and host_readable(scores)):
+        return None
+    n = scores.shape[0]
+    values, order = torch.topk(scores, n, largest=False)  # ascending (one op where sort is 8)
+    v = values.tolist()
+    if n and not (math.isfinite(v[0]) and math.isfinite(v[-1])):
+        return None
+    # strictly increasing: no two equal, and no NaN anywhere (every comparison with it fails)
+    return order if all(map(operator.lt, v, itertools.islice(v, 1, None))) else None
 
 
 def _monotone_int(scores: torch.Tensor) -> torch.Tensor:

@@ -7,23 +7,32 @@ non-finite score (or log-weight) come after every finite one, in a random order.
 
 from __future__ import annotations
 
+import array
+import sys
+
 import torch
 
 from sbfunc._tracing import host_readable
 from sbfunc.select._base import (
     ascending_lowest,
+    distinct_order,
     finite_entries,
     finite_split,
 )
 
 __all__ = ["gumbel_top_k", "perturbed", "random_indices", "sorted_unique", "top_k_indices"]
 
+_LITTLE = sys.byteorder == "little"  # torch.frombuffer reads native int64
+
 
 def sorted_unique(indices: torch.Tensor, n: int) -> torch.Tensor:
     """``indices``, unique indices into ``[0, n)``, in ascending order. Compiled: a mask and
     its nonzero entries, which fuse into cheaper kernels than a sort; ``nonzero_static`` keeps
     the shape static (no sync, no graph break). Eagerly, where every op is a kernel launch:
-    one sort instead of those five ops (the same values, the indices being unique)."""
+    one sort instead of those five ops (the same values, the indices being unique), and on
+    the CPU a sort of the Python ints (no tensor op: ``torch.frombuffer``)."""
+    if _LITTLE and indices.dtype == torch.int64 and indices.shape[0] and host_readable(indices):
+        return torch.frombuffer(array.array("q", sorted(indices.tolist())), dtype=torch.int64)
     if not torch.compiler.is_compiling():
         return torch.sort(indices).values
     mask = torch.zeros(n, dtype=torch.bool, device=indices.device)
@@ -78,6 +87,9 @@ def top_k_indices(scores: torch.Tensor, k: int, tie_noise: torch.Tensor | None) 
     """The ``k`` highest finite scores (then non-finite ones, to fill ``k``), ties broken by
     ``tie_noise`` (by position when ``None``), as sorted indices."""
     n = scores.shape[0]
+    order = distinct_order(scores)  # eagerly, finite and distinct: the top k are unique
+    if order is not None:
+        return sorted_unique(order[n - k :], n)
     lowest, nonfinite = finite_split(-scores)
     order = ascending_lowest(lowest, tie_noise)  # non-finite first, then the highest scores
     if not isinstance(nonfinite, int):  # skip the non-finite rows (then wrap around to them)

@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc._finite import trainable_rows
 from sbfunc._frozen import replaced
 from sbfunc._rows import check_per_sample
 from sbfunc.batch import Field, batch_size, check_field, check_same_spec, extract, take
@@ -26,7 +25,7 @@ from sbfunc.score import (
     score_signals,
 )
 from sbfunc.select import Selection
-from sbfunc.selective_backprop._apply import apply_policy, score_needed, unscorable_dropped
+from sbfunc.selective_backprop._apply import apply_policy, score_needed, unscorable_left_out
 from sbfunc.selective_backprop._checks import check_policy
 from sbfunc.selective_backprop._queue import Queue, dequeue, empty_queue, enqueue
 from sbfunc.selective_backprop._window import check_window, in_window
@@ -362,8 +361,9 @@ class SelectiveBackprop(Algorithm):
                 batch, trained = take(batch, rows, per_sample=spec), trained.index_select(0, rows)
             batch, queue = self._refill(queue, batch, weights)
             weights, own = None, (own, queue)
-        finite = self._usable(ctx.batch, loss_fn)
-        dropped = unscorable_dropped(scores, scored, trained, finite=finite)
+        dropped = unscorable_left_out(
+            scores, scored, trained, ctx.batch, loss_fn, per_sample=self.per_sample
+        )
         before = ctx.rows_unscorable
         return ctx.replace(
             batch=batch,
@@ -373,12 +373,6 @@ class SelectiveBackprop(Algorithm):
             rows_unscorable=dropped if before is None else before + dropped,
             kept=Selection(trained, kept_weights if queue is None else None),
         )
-
-    def _usable(self, batch: Any, loss_fn: LossFn) -> torch.Tensor | None:
-        """The rows the step can train on: finite inputs and, for a module loss, a real target
-        token and attention position (``None``: all)."""
-        usable = loss_fn.usable_rows(batch) if isinstance(loss_fn, ModuleLoss) else None
-        return trainable_rows(batch, usable, per_sample=self.per_sample)
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:
         if weights is not None:

@@ -3,19 +3,30 @@ the policy reads, and counting the unscorable rows a selection leaves out."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc._finite import finite_entries
+from sbfunc._finite import finite_entries, trainable_rows
+from sbfunc._rows import flat_tensors
+from sbfunc._tracing import host_readable
 from sbfunc.batch import Field, batch_device, batch_size, extract, take
+from sbfunc.module import ModuleLoss
 from sbfunc.policies import Policy, PolicyState, check_scores
 from sbfunc.score import Signals
-from sbfunc.types import PerSample
+from sbfunc.types import LossFn, PerSample
 
-__all__ = ["Pruned", "apply_policy", "score_needed", "unscorable_dropped"]
+__all__ = [
+    "Pruned",
+    "apply_policy",
+    "nothing_unscorable",
+    "score_needed",
+    "unscorable_dropped",
+    "unscorable_left_out",
+]
 
 
 class Pruned(NamedTuple):
@@ -216,3 +227,55 @@ def unscorable_dropped(
     if finite is not None:
         bad = bad | ~finite.to(bad.device)
     return bad.index_fill(0, kept.to(bad.device), False).sum()  # the bad rows not kept
+
+
+def unscorable_left_out(
+    scores: torch.Tensor,
+    scored: torch.Tensor | None,
+    kept: torch.Tensor,
+    batch: Any,
+    loss_fn: LossFn,
+    *,
+    per_sample: PerSample = None,
+) -> torch.Tensor:
+    """:func:`unscorable_dropped` of a selection from ``batch``, its rows' inputs checked for
+    finiteness and, for a module loss, for a real target token and attention position
+    (``ModuleLoss.usable_rows``); 0 at once when :func:`nothing_unscorable` knows it (every
+    score fresh). A 0-d ``int64`` tensor on the scores' device.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 3)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> batch = (torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]), torch.tensor([0, 1]))
+        >>> unscorable_left_out(torch.ones(2), None, torch.tensor([0]), batch, loss_fn)
+        tensor(1)
+    """
+    if scored is None and nothing_unscorable(scores, batch, per_sample=per_sample):
+        return torch.scalar_tensor(0, dtype=torch.int64, device=scores.device)
+    usable = loss_fn.usable_rows(batch) if isinstance(loss_fn, ModuleLoss) else None
+    finite = trainable_rows(batch, usable, per_sample=per_sample)
+    return unscorable_dropped(scores, scored, kept, finite=finite)
+
+
+def nothing_unscorable(scores: torch.Tensor, batch: Any, *, per_sample: PerSample = None) -> bool:
+    """Whether no row of ``batch`` can count as unscorable (:func:`unscorable_dropped` is 0
+    whatever is kept), known for free eagerly on the CPU: every score finite (a fresh score of
+    a row the loss cannot use is NaN: ``sbfunc.score.unusable_as_nan``) and every
+    floating-point tensor of a tuple/list/dict batch finite, each read on the host as one sum
+    (a sum that overflows sends the caller to the exact count). ``False`` when that cannot be
+    read (an accelerator, tracing, another batch structure): count with tensors.
+
+    Example:
+        >>> batch = (torch.randn(4, 2), torch.arange(4))
+        >>> nothing_unscorable(torch.ones(4), batch), nothing_unscorable(torch.ones(4) / 0, batch)
+        (True, False)
+    """
+    if per_sample is not None or flat_tensors(batch) < 0 or not _finite_sum(scores):
+        return False
+    leaves = batch.values() if type(batch) is dict else batch
+    return all(_finite_sum(t) for t in leaves if t.is_floating_point())
+
+
+def _finite_sum(t: torch.Tensor) -> bool:
+    """Whether ``t`` is readable on the host and its sum finite (then every entry is)."""
+    return host_readable(t) and math.isfinite(float(t.sum()))

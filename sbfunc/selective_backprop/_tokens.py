@@ -43,7 +43,8 @@ def kept_tokens(
     flat = torch.where(real, scores, scores.new_full((), -torch.inf)).reshape(-1)
     rank = ranks(flat, key=key)  # 0 for the lowest
     n = real.sum()
-    k = torch.clamp(torch.floor(n * keep), min=1).to(rank.dtype)
+    # in float64, as Python's floor(keep * n) of the row selections (float32 rounds up)
+    k = torch.clamp(torch.floor(n.to(torch.float64) * keep), min=1).to(rank.dtype)
     from_top = flat.shape[0] - 1 - rank
     return ((from_top < k) & real.reshape(-1)).reshape(real.shape)
 

@@ -82,7 +82,8 @@ def official_update(state: BayesianState, s: Signals, kept: torch.Tensor) -> Bay
 
 
 def noise(key: torch.Tensor, n: int) -> torch.Tensor:
-    return sbrandom.normal(sbrandom.split(key)[0], (n, S, C))
+    """The draws: ``normal(split(key)[0], (draws, C))``, shared by every row."""
+    return sbrandom.normal(sbrandom.split(key)[0], (S, C)).expand(n, S, C)
 
 
 @pytest.mark.parametrize("rows", [0, 7])

@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import settings
 
+from sbfunc.random import _host
 from sbfunc.random import _keys as keys
-from sbfunc.random import _threefry
 
 SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=None)
 
@@ -17,7 +17,7 @@ SETTINGS = settings(max_examples=40, derandomize=True, database=None, deadline=N
 def tensor_path():
     """Force key derivation onto the tensor path (what torch.compile and torch.func see)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_threefry, "host_readable", lambda t: False)
+        mp.setattr(_host, "host_readable", lambda t: False)
         mp.setattr(keys, "host_readable", lambda t: False)
         yield
 

@@ -47,7 +47,9 @@ def _run_all(scores: torch.Tensor, noise: dict) -> dict[str, torch.Tensor]:
 def test_every_public_name_is_covered():
     host = {"kept_count", "Selection"}  # Python ints from a shape; a NamedTuple of tensors
     host |= {"check_keep"}  # a host check of a Python number
+    host |= {"distinct_order"}  # an eager CPU shortcut: None on a device, nothing read
     assert set(select.__all__) - host <= _run_all(empty(N), {}).keys()
+    assert select.distinct_order(empty(N)) is None
     assert select.kept_count(N, 0.5) == 5
 
 

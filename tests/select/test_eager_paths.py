@@ -6,6 +6,7 @@ in full, and ``finite_entries`` is ``torch.isfinite``."""
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +17,9 @@ from hypothesis import strategies as st
 from sbfunc import random as sbrandom
 from sbfunc._finite import finite_entries
 from sbfunc.policies import _rank_power as rank_power
+from sbfunc.random import _host as random_host
+from sbfunc.random import _keys as random_keys
+from sbfunc.random import _sampling as random_sampling
 from sbfunc.select import _base as base
 from sbfunc.select import _samplers as samplers
 
@@ -132,3 +136,42 @@ def test_the_log_weights_memo_is_bounded_and_equal_to_fresh_ones():
         assert torch.equal(cached, rank_power.rank_power_log_weights(torch.arange(n), 0.5))
     info = rank_power._host_log_weights.cache_info()
     assert info.maxsize is not None and info.currsize <= info.maxsize
+
+
+@SETTINGS
+@given(scores=score_lists)
+def test_distinct_order_is_the_order_where_no_tie_can_arise(scores):
+    for dtype in DTYPES:
+        s = torch.tensor(scores).to(dtype)
+        got = base.distinct_order(s)
+        values = s.tolist()
+        distinct = len(set(values)) == len(values)  # (-0.0 == 0.0: a tie)
+        if not (distinct and all(map(math.isfinite, values))):
+            assert got is None
+            continue
+        assert got is not None and torch.equal(got, torch.argsort(s, stable=True))
+        tie = sbrandom.bits(sbrandom.key(len(values)), (len(values),))
+        assert torch.equal(got, base.ascending_order(s, tie))  # the noise changes nothing
+    with on_path("device"):
+        assert base.distinct_order(torch.tensor([1.0, 2.0])) is None
+
+
+ties = st.lists(st.sampled_from([0.5, 1.0, NAN, -0.0, 0.0, 2.0]), min_size=1, max_size=12)
+
+
+@pytest.mark.parametrize("keep", [0.25, 0.5, 1.0])
+@SETTINGS
+@given(scores=st.one_of(score_lists, ties), seed=st.integers(0, 2**16))
+def test_the_rank_power_policy_selects_as_on_a_device(keep, scores, seed):
+    s, key = torch.tensor(scores), sbrandom.key(seed)
+    policy = rank_power.rank_power(keep)
+    host = policy.select(s, policy.init(), key=key)[0].indices
+    with on_path("device"), pytest.MonkeyPatch.context() as mp:
+        for module in (random_host, random_keys, random_sampling):  # the tensor cipher
+            mp.setattr(module, "host_readable", lambda t: False)
+        device = policy.select(s, policy.init(), key=key)[0].indices
+    tie_key, draw_key = sbrandom.split(key)  # the 1.0 draws, written out
+    n = s.shape[0]
+    tie, u = sbrandom.bits(tie_key, (n,)), sbrandom.uniform(draw_key, (n,))
+    assert torch.equal(host, device)
+    assert torch.equal(host, _reference_rank_power(s, keep, tie, u))

@@ -42,6 +42,14 @@ def test_exactly_k_real_tokens_are_kept_and_they_score_highest(case, seed):
     assert bool((scores[real & ~kept] <= lowest_kept).all())
 
 
+def test_the_kept_count_is_pythons_floor_of_keep_times_n():
+    # float32 rounds 100 * 0.29 up to 29; Python's (and the row selections') floor is 28
+    scores, real = torch.randn(4, 25), torch.ones(4, 25, dtype=torch.bool)
+    assert int(kept_tokens(scores, real, 0.29, sbfunc.random.key(0)).sum()) == int(100 * 0.29)
+    schedule = torch.tensor(0.29)  # a schedule's value, a float32 tensor
+    assert int(kept_tokens(scores, real, schedule, sbfunc.random.key(0)).sum()) == 28
+
+
 def test_ties_are_broken_by_the_key_and_reproducibly():
     scores, real = torch.zeros(2, 6), torch.ones(2, 6, dtype=torch.bool)
     draws = [kept_tokens(scores, real, 0.5, sbfunc.random.key(s)) for s in range(4)]
