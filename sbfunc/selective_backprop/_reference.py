@@ -166,6 +166,7 @@ def reference_losses(
     *,
     per: Literal["token", "row"] = "token",
     batch_size: int = 64,
+    ids: str | None = "auto",
 ) -> torch.Tensor:
     """A reference model's losses over a dataset, computed once (no gradient, eval mode): the
     table a selection reads instead of running the reference in every step.
@@ -174,8 +175,12 @@ def reference_losses(
     holds the loss of the target at token position ``t`` (0 where there is none: padding, the
     last position of a shifted criterion; never read), so ``{**rows, "reference_losses": table}``
     streams it with :func:`sbfunc.datasets.dict_batches` and :func:`reference_field` reads it.
-    With ``per="row"`` it is ``[S]``, each row's mean over its real tokens: a per-id table for
-    :func:`sbfunc.policies.rho_loss` (``irreducible``) when row ``i`` has id ``i``.
+    With ``per="row"`` it is each row's mean over its real tokens, **indexed by the rows' ids**
+    when they have an ``ids`` field (``ids="auto"``, the default; ``ids=`` names another
+    field): entry ``j`` belongs to the row of id ``j`` (NaN where no row has that id), the
+    table :func:`sbfunc.policies.rho_loss` reads by id (``irreducible``) even when the rows are
+    a split or a stream whose ids are not ``0..S-1``; without ids (``ids=None``, or no such
+    field) it is ``[S]`` in row order.
 
     Args:
         loss_fn: the reference's per-sample loss over tokens.
@@ -184,12 +189,15 @@ def reference_losses(
         rows: the dataset as a mapping of ``[S, ...]`` tensors (the batch fields).
         per: ``"token"`` or ``"row"``.
         batch_size: rows per forward.
+        ids: with ``per="row"``, the field of integer row ids the table is indexed by;
+            ``"auto"``: ``"ids"`` when the rows have it; ``None``: row order.
 
     Returns:
         A float tensor on the rows' device.
 
     Raises:
-        ValueError: for a loss that is not over tokens, ``per`` or ``batch_size`` out of range.
+        ValueError: for a loss that is not over tokens, ``per`` or ``batch_size`` out of
+            range, a missing ``ids`` field, or ids that are negative, repeated or not integers.
 
     Example:
         >>> rows = sbfunc.datasets.byte_rows([b"def f(x):\\n    return x\\n"], 8)
@@ -214,7 +222,30 @@ def reference_losses(
     for start in range(0, size, batch_size):
         batch = {k: v[start : start + batch_size] for k, v in rows.items()}
         parts.append(_table_rows(reference, state, batch, per))
-    return torch.cat(parts)
+    table = torch.cat(parts)
+    field = ("ids" if "ids" in rows else None) if ids == "auto" else ids
+    return table if per == "token" or field is None else _by_id(table, rows, field)
+
+
+def _by_id(table: torch.Tensor, rows: Mapping[str, torch.Tensor], field: str) -> torch.Tensor:
+    """``table`` (in row order) placed at the rows' ids, NaN where no row has an id."""
+    if field not in rows:
+        raise ValueError(
+            f"reference_losses: ids={field!r} is not a field of the rows "
+            f"(fields: {sorted(rows)}); pass ids=None for a table in row order"
+        )
+    row_ids = rows[field]
+    if row_ids.dtype.is_floating_point or row_ids.dtype == torch.bool or row_ids.ndim != 1:
+        raise ValueError(
+            f"reference_losses: ids={field!r} must be a 1-D integer tensor, got "
+            f"{row_ids.dtype} of shape {tuple(row_ids.shape)}"
+        )
+    if len(row_ids) and (int(row_ids.min()) < 0 or len(torch.unique(row_ids)) < len(row_ids)):
+        raise ValueError(f"reference_losses: the ids in {field!r} must be distinct and >= 0")
+    size = int(row_ids.max()) + 1 if len(row_ids) else 0
+    out = table.new_full((size,), torch.nan)
+    out[row_ids.to(table.device)] = table
+    return out
 
 
 def _table_rows(

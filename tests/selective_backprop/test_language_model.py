@@ -2,6 +2,7 @@
 padding-aware scores (each row's mean over its real tokens), Composer's SeqLengthWarmup and
 ALiBi in the same step, and RHO-LOSS with a reference's per-row losses by id."""
 
+import pytest
 import torch
 
 import sbfunc
@@ -75,3 +76,38 @@ def test_rho_loss_with_a_reference_s_row_losses_by_id():
     for batch in _batches(rows, 0):
         state, metrics = step(state, batch)
         assert metrics.samples_backpropagated == 4 and bool(torch.isfinite(metrics.loss))
+
+
+def test_a_row_table_is_indexed_by_the_rows_ids():
+    # a split keeps the corpus's ids: row order and id differ, and the table follows the ids
+    corpus = _corpus()
+    split = sbfunc.datasets.split_corpus(corpus, heldout=0.3, key=sbfunc.random.key(0))
+    rows = {k: v for k, v in split.train.items() if k != "kind"}
+    assert not torch.equal(rows["ids"], torch.arange(rows["ids"].shape[0]))
+    ref = sbfunc.models.CausalLM(d_model=16, num_heads=2, num_layers=1, max_len=L)
+    loss, (params, buffers) = _loss(ref), sbfunc.split_module(ref)
+    by_id = reference_losses(loss, params, buffers, rows, per="row")
+    in_order = reference_losses(loss, params, buffers, rows, per="row", ids=None)
+    assert by_id.shape == (int(rows["ids"].max()) + 1,)
+    assert torch.equal(by_id[rows["ids"]], in_order)
+    assert int(torch.isfinite(by_id).sum()) == rows["ids"].shape[0]  # NaN at the other ids
+    model = sbfunc.models.CausalLM(d_model=16, num_heads=2, num_layers=1, max_len=L)
+    sb = SelectiveBackprop(
+        start=0.0, end=1.0, interrupt=0, ids="ids", policy=sbfunc.policies.rho_loss(0.5, by_id)
+    )
+    step = sbfunc.make_train_step(_loss(model), sbfunc.optim.adam(3e-3), [sb])
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    state, metrics = step(state, _batches(rows, 0)[0])
+    assert bool(torch.isfinite(metrics.loss))
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [("row_id", "not a field"), ("ids", "distinct")],
+)
+def test_a_row_table_refuses_ids_it_cannot_index_by(ids, message):
+    rows = {k: v for k, v in _corpus().rows.items() if k != "kind"}
+    rows["ids"] = torch.zeros_like(rows["ids"])
+    ref = sbfunc.models.CausalLM(d_model=16, num_heads=2, num_layers=1, max_len=L)
+    with pytest.raises(ValueError, match=message):
+        reference_losses(_loss(ref), *sbfunc.split_module(ref), rows, per="row", ids=ids)
