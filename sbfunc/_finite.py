@@ -220,6 +220,8 @@ def update_finite(loss: torch.Tensor, grads: Params) -> torch.Tensor:
         optax ``apply_if_finite``.
     """
     if torch.compiler.is_compiling():
-        flags = [torch.isfinite(loss).all(), *(torch.isfinite(g).all() for g in grads.values())]
-        return torch.stack(flags).all()
+        finite = torch.isfinite(loss).all()
+        for g in grads.values():  # a chain of &: one 0-d buffer fewer than a stack per tensor
+            finite = finite & torch.isfinite(g).all()
+        return finite
     return all_finite(grads.values(), finite=finite_entries(loss))
