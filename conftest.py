@@ -5,7 +5,6 @@ import torch
 
 import sbfunc
 
-
 # Scripts that wrote test data with an older sbfunc (run against that release, not collected).
 collect_ignore_glob = ["tests/data/*"]
 

@@ -210,13 +210,13 @@ class TrainStep(CompilableStep):
         skipped = state.time.updates_skipped
         if skipped is None:  # a hand-made Time: none skipped so far
             skipped = torch.zeros((), dtype=torch.int64, device=state.key.device)
-        carry, ok = self.guard.mask(carry)  # a corrupt row costs one row
         n_kept = batch_size(carry.context.batch, per_sample=self.per_sample)
         if n_kept == 0 and not self.replicas.collective:  # no row on any process
             return self._no_update(carry, fire, n_in, skipped, state.time)
         if n_kept == 0:  # no row here, the other processes have some: contribute nothing
             carry, grads, loss, used, n_bwd = no_rows_here(carry, state.key.device)
         else:
+            carry, ok = self.guard.mask(carry)  # a corrupt row costs one row
             carry, grads, loss, used, n_bwd = self._gradients(plan, carry, fire, ok)
         grads, loss, apply = self.replicas.mean(grads, loss, n_bwd)
         buffers = self.replicas.sync_buffers(carry.context.buffers)
