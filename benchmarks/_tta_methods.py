@@ -26,7 +26,8 @@ INFOBATCH_LEARNED, INFOBATCH_MAX_RATIO = 0.7, 0.99
 
 
 class Sizes(Protocol):
-    """What the table reads from a study's config."""
+    """What the studies' helpers read from a config (``time_to_accuracy.Config``): the table,
+    the protocols (``_tta_protocol``) and the training loop (``_tta_train``)."""
 
     @property
     def train(self) -> int: ...
@@ -36,6 +37,14 @@ class Sizes(Protocol):
     def keep(self) -> float: ...
     @property
     def start(self) -> float: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def lr(self) -> float: ...
+    @property
+    def evals_per_epoch(self) -> int: ...
 
 
 def head_features(width: int) -> int:

@@ -23,15 +23,25 @@ from _timing import interleaved
 
 def measure_regime(
     loss_fn: sbfunc.module.ModuleLoss, trainers: dict[str, Any], init: tuple[dict, dict],
-    like: tuple[torch.Tensor, ...], keep: float, *, repeats: int = 7, inner: int = 4,
+    like: tuple[torch.Tensor, ...], keep: float, *,
+    candidates: tuple[torch.Tensor, ...] | None = None, compile: bool = True,
+    repeats: int = 7, inner: int = 4,
 ) -> dict[str, Any]:  # fmt: skip
-    """Medians (ms) and [min, max] of ``T_full``, ``T_kept``, ``T_score`` and of the SB steps
-    the study runs (inside their window), plus the ideal ``T_full / (T_score + T_kept)``."""
+    """Medians (ms) and [min, max] of ``T_full`` (a plain step on ``like``), ``T_kept`` (a
+    plain step on the kept fraction of the SB steps' loader batch ``candidates``, default
+    ``like``), ``T_score`` (the scoring forward of ``candidates``) and of the SB steps the study
+    runs (inside their window, on ``candidates``), plus the ideal epoch ratio (see
+    :func:`epoch_ratios`); ``compile=False`` scores eagerly (a smoke run)."""
     if "plain" not in trainers:  # one method per process (--methods rank_power): no regime
         return {"note": "no plain step in this process: the regime needs one"}
-    n = max(1, int(keep * like[0].shape[0]))
-    kept = tuple(t[:n] for t in like)
-    score = torch.compile(lambda p, b, batch: sbfunc.score.score_losses(loss_fn, p, b, batch))
+    candidates = like if candidates is None else candidates
+    n = max(1, int(keep * candidates[0].shape[0]))
+    kept = tuple(t[:n] for t in candidates)
+
+    def score(p: dict, b: dict, batch: Any) -> torch.Tensor:
+        return sbfunc.score.score_losses(loss_fn, p, b, batch)
+
+    scorer = torch.compile(score) if compile else score
     plain = trainers["plain"]
     states = {}
 
@@ -47,17 +57,28 @@ def measure_regime(
         return run
 
     fns = {"T_full": stepper("T_full", like, plain), "T_kept": stepper("T_kept", kept, plain),
-           "T_score": lambda: score(*init, like)}  # fmt: skip
+           "T_score": lambda: scorer(*init, candidates)}  # fmt: skip
     for m in ("rank_power", "rank_power_s0.5"):
         if m in trainers:
-            fns[f"T_sb[{m}]"] = stepper(m, like, trainers[m])
+            fns[f"T_sb[{m}]"] = stepper(m, candidates, trainers[m])
     times = interleaved(fns, repeats, inner, warmup=3)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    out: dict[str, Any] = {k: [round(med[k], 1), round(min(v) * 1e3, 1), round(max(v) * 1e3, 1)]
-                           for k, v in times.items()}  # fmt: skip
-    out["ideal"] = round(med["T_full"] / (med["T_score"] + med["T_kept"]), 3)
+    out: dict[str, Any] = {k: [round(statistics.median(v) * 1e3, 1), round(min(v) * 1e3, 1),
+                               round(max(v) * 1e3, 1)] for k, v in times.items()}  # fmt: skip
+    return {**out, **epoch_ratios(times, like[0].shape[0] / candidates[0].shape[0])}
+
+
+def epoch_ratios(times: dict[str, list[float]], r: float) -> dict[str, Any]:
+    """The ideal ``T_full / (r (T_score + T_kept))`` and ``T_full / (r T_sb)`` per SB step from
+    the medians of ``times``: plain's epoch time over SB's, ``r`` SB steps per plain step (1
+    when both load the same batches, ``keep`` when SB loads ``1 / keep`` times the rows)."""
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out: dict[str, Any] = {
+        "ideal": round(med["T_full"] / (r * (med["T_score"] + med["T_kept"])), 3)
+    }
     for k in med:
         if k.startswith("T_sb"):
-            out[f"T_full/{k}"] = round(med["T_full"] / med[k], 3)
+            out[f"T_full/{k}"] = round(med["T_full"] / (r * med[k]), 3)
     out["note"] = "ms: median [min, max] over interleaved repeats"
+    if r != 1:
+        out["note"] += f"; per epoch: {r:.3g} SB steps (on the candidates) per plain step"
     return out

@@ -8,11 +8,13 @@ of :mod:`sbfunc.policies`, at 0% and 20% symmetric label noise, for several seed
 * trains through its :func:`sbfunc.make_train_step`, compiled with ``step.compile()`` (one step
   per method, shared by every seed and noise level: the per-run data, the label-noise mask
   and RHO-LOSS's irreducible losses enter through the state, so nothing recompiles; compile
-  time is reported apart and excluded, every step is warmed up on a throwaway state first);
+  time is reported apart and excluded, every step is warmed up on a throwaway state first,
+  and once more after every step is compiled; the report counts the graphs compiled during
+  the timed runs);
 * uses Adam with a cosine learning rate decayed to zero over the run, plain included (Kaddour
   et al. 2023: the gains of SB-like methods vanish against an undertuned baseline);
-* gets the same budget in epochs (the same loader batches, in the same order per seed) from
-  the same initial weights.
+* gets the same budget in epochs (the same loader batches, in the same order per seed, under
+  the default protocol) from the same initial weights.
 
 Runs go seed-major (seed -> noise), and within one seed and noise every method's run
 advances **interleaved, one evaluation interval (half an epoch) each in turn** (the method
@@ -28,8 +30,18 @@ what its steps predict from inside the runs: the median ratio of paired chunks (
 of each run ran side by side) wholly inside SB's window. Writes
 ``time_to_accuracy.{md,csv,png}``.
 
+``--protocol equal-backprop`` (issue 37; ``_tta_protocol.py``) runs the papers' protocol
+instead of the default ``equal-candidates``: plain trains on batches of ``batch`` rows, each
+selecting method loads ``candidate_batch_size(batch, keep)`` candidates a step and
+backpropagates about ``batch``; the budget is still the same epochs over the training set
+(a selecting method takes about ``keep`` times plain's steps, its cosine schedule decaying to
+zero at its own step count), the runs still advance interleaved half an epoch each in turn,
+and the outputs are ``time_to_accuracy_equal_backprop.{md,csv,png}``, so the committed
+results stay. The whole-run prediction is not measured there (the runs' chunks do not pair).
+
 Run: ``python benchmarks/time_to_accuracy.py`` (about 30 minutes on 2 CPU cores; writes
-``docs/results/``) or ``--quick`` (a few minutes; writes to a temporary folder).
+``docs/results/``) or ``--quick`` (a few minutes; writes to a temporary folder; ``--eager``
+skips compiling, a smoke run).
 """
 
 from __future__ import annotations
@@ -45,7 +57,7 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -62,8 +74,21 @@ from sbfunc import random as sbrandom
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tta_methods import TTA_METHODS, Audit, head_features, methods, with_run_tables
+from _tta_protocol import EQUAL_CANDIDATES, PROTOCOLS, method_config, output_stem
 from _tta_regime import measure_regime
 from _tta_report import write_outputs
+from _tta_train import (
+    Curve,
+    Trainer,
+    build,
+    eval_stops,
+    graphs_compiled,
+    interleave,
+    rehearse,
+    train,
+    training,
+    warm_up,
+)
 
 
 @dataclass(frozen=True)
@@ -140,108 +165,12 @@ class Run:
     curve: list[tuple[float, float, int, int, float]] = field(default_factory=list, repr=False)
 
 
-class Trainer(NamedTuple):
-    """One method: its step (for init and events) and the step that trains (the same compiled
-    step; a separate field so that a wrapper can time or count its calls)."""
-
-    step: sbfunc.step.TrainStep
-    compiled: Callable[..., Any]
-    compile_s: float
-
-
-def build(cfg: Config, algorithms: list[Any], loss_fn: sbfunc.module.ModuleLoss,
-          steps: int, *, compile: bool = True) -> Trainer:  # fmt: skip
-    """Make a method's step (cosine learning rate to zero over ``steps`` updates), compiled in
-    place (``step.compile()``; eager with ``compile=False``); :func:`warm_up` compiles its
-    graphs."""
-    schedule = sbfunc.optim.cosine_decay_schedule(cfg.lr, steps)
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(schedule), algorithms)
-    if compile:
-        step.compile()
-    return Trainer(step, step, 0.0)
-
-
-def warm_up(trainer: Trainer, init: tuple[dict, dict], x: torch.Tensor, y: torch.Tensor,
-            cfg: Config) -> Trainer:  # fmt: skip
-    """A throwaway run of up to 3 epochs on the study's data: compiles every graph a run
-    meets (inside and outside SB's window, the sizes a policy scores or keeps as tables
-    fill); returns the trainer with the time it took (reported as compile time)."""
-    t0 = time.perf_counter()
-    state = trainer.step.init(*init, key=sbrandom.key(0))
-    train(trainer, state, x, y, cfg=cfg, epochs=min(cfg.epochs, 3), key=sbrandom.key(1))
-    return trainer._replace(compile_s=time.perf_counter() - t0)
-
-
 def accuracy(
     eval_fn: sbfunc.module.ModuleLoss, params: dict, buffers: dict, d: Data
 ) -> torch.Tensor:
     with torch.no_grad():
         logits = eval_fn.forward(params, buffers, (d.x_test, d.y_test))
     return (logits.argmax(1) == d.y_test).float().mean()
-
-
-def eval_stops(cfg: Config, epochs: int, per_epoch: int) -> list[int]:
-    """The steps after which :func:`train` pauses (``evals_per_epoch`` per epoch, and the
-    last step)."""
-    total, every = epochs * per_epoch, max(1, per_epoch // cfg.evals_per_epoch)
-    return [*range(every, total, every), total]
-
-
-Curve = list[tuple[float, float, int, int, Any]]
-"""(wall, cpu, forwarded, backpropagated, accuracy) after each chunk of a run."""
-
-
-def training(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
-             cfg: Config, epochs: int, key: sbrandom.Key,
-             evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
-             ) -> Iterator[tuple[sbfunc.TrainState, Curve]]:  # fmt: skip
-    """``sbfunc.fit`` with the compiled step, a chunk (up to the next evaluation) per
-    ``next``: yields the state and the curve so far after each chunk (the evaluation, after
-    the chunk's timing, is untimed); the curve's last point holds the totals. A caller can
-    advance several runs in turn, a chunk each (:func:`interleave`)."""
-    per_epoch = x.shape[0] // cfg.batch
-    total = epochs * per_epoch
-
-    def data(epoch: int) -> Any:
-        return sbfunc.datasets.batches(x, y, cfg.batch, key=sbrandom.fold_in(key, epoch))
-
-    wall = cpu = 0.0
-    curve: Curve = []
-    for stop in eval_stops(cfg, epochs, per_epoch):
-        t0, c0 = time.perf_counter(), time.process_time()
-        state = sbfunc.fit(
-            trainer.compiled, state, data, epochs=epochs, steps_per_epoch=per_epoch,
-            stop_after=stop, progress=False, history=False,
-        ).state  # fmt: skip
-        wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
-        if evaluate is not None or stop == total:
-            t = state.time
-            acc = evaluate(state) if evaluate is not None else None
-            curve.append((wall, cpu, t.samples_forwarded, t.samples_backpropagated, acc))
-        yield state, curve
-
-
-def interleave(runs: list[Iterator[Any]]) -> list[Any]:
-    """Advance every run one chunk in turn (A B C A B C ...) until all end: a burst of load
-    on the machine falls on every run alike. Returns each run's last value."""
-    last: list[Any] = [None] * len(runs)
-    live = list(range(len(runs)))
-    while live:
-        for i in list(live):
-            try:
-                last[i] = next(runs[i])
-            except StopIteration:
-                live.remove(i)
-    return last
-
-
-def train(trainer: Trainer, state: sbfunc.TrainState, x: torch.Tensor, y: torch.Tensor, *,
-          cfg: Config, epochs: int, key: sbrandom.Key,
-          evaluate: Callable[[sbfunc.TrainState], torch.Tensor] | None = None,
-          ) -> tuple[sbfunc.TrainState, Curve]:  # fmt: skip
-    """:func:`training` run to its end: the final state and the whole curve."""
-    return interleave([training(trainer, state, x, y, cfg=cfg, epochs=epochs, key=key,
-                                evaluate=evaluate)])[0]  # fmt: skip
 
 
 def irreducible_losses(
@@ -360,37 +289,74 @@ def episode(cfg: Config, s: Setup, il: tuple[Config, Trainer] | None,
     return Episode(y, flipped, irreducible, sbrandom.fold_in(k, 3))
 
 
-def run_study(cfg: Config, names: list[str]) -> tuple[list[Run], dict[str, Any]]:
+def like(d: Data, n: int) -> tuple[torch.Tensor, ...]:
+    """A batch of ``n`` training rows shaped as the loader's ``(x, y, ids)``."""
+    return d.x[:n], d.y[:n], torch.arange(n)
+
+
+class Study(NamedTuple):
+    """What :func:`run_study`'s runs share, from :func:`prepare`."""
+
+    s: Setup
+    cfgs: dict[str, Config]  # each method's config: its loader batch
+    trainers: dict[str, Trainer]
+    il: tuple[Config, Trainer] | None  # RHO-LOSS's irreducible-loss model, when it runs
+    notes: dict[str, Any]
+
+
+def prepare(cfg: Config, names: list[str], protocol: str, *, compile: bool = True) -> Study:
+    """The shared setup, each method's config (its loader batch under ``protocol``) and
+    trainer (compiled, warmed up and rehearsed; eager with ``compile=False``), the
+    irreducible-loss model, and the notes: protocol, loader batches, compile times, the regime
+    and the chunks (``stops``, ``None`` when the methods' chunks differ)."""
     s = setup(cfg)
+    cfgs = {name: method_config(cfg, name, protocol) for name in names}
     table = methods(cfg, s.loss_fn, s.grad_norm_fn)
-    trainers = {name: compile_method(cfg, s, table[name]())
+    trainers = {name: compile_method(cfgs[name], s, table[name](), compile=compile)
                 for name in tqdm(names, desc="compile", unit="step")}  # fmt: skip
-    il = il_trainer(cfg, s)
-    like = (s.d.x[: cfg.batch], s.d.y[: cfg.batch], torch.arange(cfg.batch))
+    il = il_trainer(cfg, s, compile=compile) if "rho_loss" in names else None
+    trainers = rehearse(trainers, cfgs, s.init0, s.d.x, s.d.y) if compile else trainers
+    candidates = method_config(cfg, "rank_power", protocol).batch  # the regime's SB steps
+    regime = measure_regime(s.loss_fn, trainers, s.init0, like(s.d, cfg.batch), cfg.keep,
+                            candidates=like(s.d, candidates), compile=compile)  # fmt: skip
     notes: dict[str, Any] = {
+        "protocol": protocol,
+        "loader_batch": {k: c.batch for k, c in cfgs.items()},
         "compile_s": {k: round(v.compile_s, 1) for k, v in trainers.items()},
-        "regime": measure_regime(s.loss_fn, trainers, s.init0, like, cfg.keep),
-        "stops": eval_stops(cfg, cfg.epochs, cfg.train // cfg.batch),  # the runs' chunks
+        "regime": regime,
+        "stops": eval_stops(cfg, cfg.epochs, cfg.train // cfg.batch)  # the runs' chunks
+        if protocol == EQUAL_CANDIDATES else None,
         "il": [],
-    }
+    }  # fmt: skip
+    return Study(s, cfgs, trainers, il, notes)
+
+
+def run_study(cfg: Config, names: list[str], protocol: str = EQUAL_CANDIDATES, *,
+              compile: bool = True) -> tuple[list[Run], dict[str, Any]]:  # fmt: skip
+    """Every method's runs under ``protocol``, seed-major (seed -> noise; within one, the
+    methods interleaved half an epoch each in turn, the order rotated per seed), scored
+    against plain's final accuracy, and the notes (see :func:`prepare`; ``graphs_in_runs``
+    counts the graphs compiled during the runs, the irreducible-loss models' included)."""
+    st = prepare(cfg, names, protocol, compile=compile)
     runs: list[Run] = []
-    eval_fn = s.loss_fn.with_mode("eval")
+    eval_fn = st.s.loss_fn.with_mode("eval")
     bar = tqdm(total=len(cfg.seeds) * len(cfg.noises) * len(names), desc="runs", unit="run")
+    before = graphs_compiled()
     for si, seed in enumerate(cfg.seeds):
         init = seed_init(cfg, seed)
         order = names[si % len(names) :] + names[: si % len(names)]
         for noise in cfg.noises:
-            e = episode(cfg, s, il if "rho_loss" in names else None, init, seed, noise,
-                        notes["il"])  # fmt: skip
-            episode_runs = interleave([
-                one_run(method, trainers[method], init, s.d.x, e.y, e.flipped, e.irreducible,
-                        cfg=cfg, seed=seed, noise=noise, key=e.key, d=s.d, eval_fn=eval_fn)
+            e = episode(cfg, st.s, st.il, init, seed, noise, st.notes["il"])
+            runs += interleave([
+                one_run(method, st.trainers[method], init, st.s.d.x, e.y, e.flipped,
+                        e.irreducible, cfg=st.cfgs[method], seed=seed, noise=noise, key=e.key,
+                        d=st.s.d, eval_fn=eval_fn)
                 for method in order
             ])  # fmt: skip
-            runs += episode_runs
             bar.update(len(order))
     bar.close()
-    return score_targets(runs), notes
+    st.notes["graphs_in_runs"] = graphs_compiled() - before
+    return score_targets(runs), st.notes
 
 
 def score_targets(runs: list[Run]) -> list[Run]:
@@ -407,12 +373,17 @@ def score_targets(runs: list[Run]) -> list[Run]:
     return runs
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny smoke run")
+    parser.add_argument("--eager", action="store_true", help="eager steps (a smoke run)")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
     names = list(methods(QUICK, None, None))  # type: ignore[arg-type]
     parser.add_argument("--methods", nargs="+", default=list(TTA_METHODS), choices=names)
+    parser.add_argument("--protocol", choices=PROTOCOLS, default=EQUAL_CANDIDATES,
+                        help="equal-candidates: every method loads batch rows a step; "
+                        "equal-backprop: plain loads batch, a selecting method "
+                        "batch / keep and backpropagates batch")  # fmt: skip
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds")
     parser.add_argument("--epochs", type=int, default=None, help="override the epochs")
     parser.add_argument("--width", type=int, default=None, help="override the CNN width")
@@ -421,12 +392,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads < 1:
         parser.error(f"--threads must be >= 1, got {args.threads}")
-    torch.set_num_threads(args.threads)
-    # each TrainStep has its own code objects, but frames below the steps (graph breaks in
-    # the scoring and irreducible-loss functions) are shared by every method and shape: raise
-    # dynamo's recompile limits so none falls back to eager
-    torch._dynamo.config.recompile_limit = 256
-    torch._dynamo.config.accumulated_recompile_limit = 4096
+    return args
+
+
+def config(args: argparse.Namespace) -> Config:
+    """The study's config: ``QUICK`` or ``FULL`` with the command line's overrides."""
     cfg = QUICK if args.quick else FULL
     if args.seeds is not None:
         cfg = replace(cfg, seeds=tuple(range(args.seeds)))
@@ -435,15 +405,28 @@ def main() -> None:
     for name in ("epochs", "width"):
         if getattr(args, name) is not None:
             cfg = replace(cfg, **{name: getattr(args, name)})
+    return cfg
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    # each TrainStep has its own code objects, but frames below the steps (graph breaks in
+    # the scoring and irreducible-loss functions) are shared by every method and shape: raise
+    # dynamo's recompile limits so none falls back to eager
+    torch._dynamo.config.recompile_limit = 256
+    torch._dynamo.config.accumulated_recompile_limit = 4096
+    cfg = config(args)
     chosen = ["plain", *[m for m in args.methods if m != "plain"]]
     quick_out = Path(tempfile.gettempdir()) / "sbfunc_tta_quick"
     out = args.out or (quick_out if args.quick else Path("docs/results"))
     start = time.perf_counter()
-    runs, notes = run_study(cfg, chosen)
+    runs, notes = run_study(cfg, chosen, args.protocol, compile=not args.eager)
     total = time.perf_counter() - start
     command = " ".join(["python benchmarks/time_to_accuracy.py", *sys.argv[1:]])
     paths = write_outputs(out, runs=[asdict(r) for r in runs], notes=notes, config=asdict(cfg),
-                          total_s=total, command=command)  # fmt: skip
+                          total_s=total, command=command,
+                          stem=output_stem("time_to_accuracy", args.protocol))  # fmt: skip
     print(f"total {total / 60:.1f} min; wrote " + ", ".join(str(p) for p in paths))
 
 
