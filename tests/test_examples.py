@@ -23,6 +23,12 @@ PRINTS = {
         "whole run, selective / plain wall time",
         "Where selection does not help",
     ),
+    "language_model.py": (
+        "mixed stream: held-out loss",
+        "clean stream: held-out loss",
+        "selective LM kept",
+        "where it does not help",
+    ),
 }
 
 
