@@ -1,7 +1,9 @@
 """``torch.compile`` of the data-parallel step on two gloo ranks equals the eager step.
 
-The one compile test of the package (compiling costs about a minute on two busy CPU cores):
-the gradient all-reduce is traced as functional collectives inside the graph.
+The one compile test of the package: the gradient all-reduce is traced as functional
+collectives inside the graph (with ``aot_eager``: dynamo's and AOTAutograd's graphs, the
+collectives in them, without inductor's code generation, which tests/step/test_compile.py
+covers).
 """
 
 import torch
