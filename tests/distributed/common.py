@@ -219,3 +219,27 @@ def _clone(tree: Any) -> Any:
     return optree.tree_map(
         lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree, none_is_leaf=True
     )
+
+
+def token_model() -> tuple[sbfunc.module.ModuleLoss, Any, Any]:
+    """A tiny causal LM, its per-sample loss over real tokens and its tensors."""
+    net = sbfunc.models.CausalLM(d_model=16, num_heads=2, num_layers=1, max_len=8, key=KEY)
+    loss_fn = sbfunc.per_sample_loss(
+        net,
+        sbfunc.module.next_token_cross_entropy,
+        input=("input_ids", "attention_mask"),
+        target="labels",
+    )
+    return loss_fn, *sbfunc.split_module(net, clone=True)
+
+
+def token_batch(rank: int) -> dict[str, torch.Tensor]:
+    """Rank ``rank``'s batch of 4 rows of 8 bytes, every token real (so that each rank keeps
+    the same number of tokens and weighs the same in the mean of the ranks' gradients)."""
+    ids = sbrandom.randint(sbrandom.fold_in(KEY, 100 + rank), (4, 8), 0, 257)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+
+
+def token_selection() -> sbfunc.selective_backprop.TokenSelection:
+    """Half of each rank's tokens by their own loss (distinct: no key decides)."""
+    return sbfunc.selective_backprop.TokenSelection(0.5, score="loss")

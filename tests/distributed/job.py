@@ -137,12 +137,25 @@ def nonfinite(comm: sbdist.Comm) -> dict[str, Any]:
     return out
 
 
+def tokens(comm: sbdist.Comm) -> dict[str, Any]:
+    """Token selection in a data-parallel step: each rank keeps half of its own batch's tokens
+    (local selection); one SGD step, the parameters after it and the kept-token count."""
+    loss_fn, params, buffers = common.token_model()
+    step = sbdist.make_data_parallel_step(
+        loss_fn, sbfunc.optim.sgd(0.5), [common.token_selection()], comm=comm
+    )
+    state = step.init(params, buffers, key=common.KEY)
+    state, metrics = step(state, common.token_batch(comm.rank))
+    return {"params": state.params, "loss": metrics.loss}
+
+
 CHECKS = {
     "nonfinite": lambda comm, out: nonfinite(comm),
     "scenarios": lambda comm, out: scenario_runs(comm),
     "traffic": lambda comm, out: traffic(comm),
     "resume": resume,
     "compiled": lambda comm, out: compiled(comm),
+    "tokens": lambda comm, out: tokens(comm),
 }
 
 

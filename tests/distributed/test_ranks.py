@@ -1,13 +1,15 @@
 """Two gloo ranks (spawned processes, bounded in time) against one process.
 
-One launch runs every scenario of ``common.SCENARIOS``, the traffic measurement and the resume
-check on both ranks; the tests compare its results with one-process references computed here.
+One launch runs every scenario of ``common.SCENARIOS``, the traffic measurement, the resume
+check and a token selection on both ranks; the tests compare its results with one-process
+references computed here.
 """
 
 import optree
 import pytest
 import torch
 
+import sbfunc
 from sbfunc import distributed as sbdist
 from tests.distributed import common, job
 from tests.helpers import assert_identical
@@ -18,7 +20,9 @@ TIMEOUT_S = 300  # the checks take seconds; this only stops a hung run
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
-    return job.launch(["scenarios", "traffic", "resume", "nonfinite"], out, timeout_s=TIMEOUT_S)
+    return job.launch(
+        ["scenarios", "traffic", "resume", "nonfinite", "tokens"], out, timeout_s=TIMEOUT_S
+    )
 
 
 def _leaves(tree):
@@ -101,3 +105,19 @@ def test_a_non_finite_loss_on_one_rank_skips_or_raises_on_every_rank(ranks):
     for results in ranks:
         assert results["nonfinite"]["skip"] == (True, True)  # skipped, parameters unchanged
         assert "not finite on some rank" in results["nonfinite"]["raise"]
+
+
+def test_token_selection_selects_on_each_rank_and_averages_the_ranks_updates(ranks):
+    """Local token selection: each rank keeps half of its own tokens, so one SGD step on two
+    ranks (equal token counts) is the mean of each rank's own one-process step."""
+    loss_fn, params, buffers = common.token_model()
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.5), [common.token_selection()])
+    alone = [
+        step(step.init(params, buffers, key=common.KEY), common.token_batch(r))[0].params
+        for r in range(common.WORLD)
+    ]
+    expected = {k: sum(a[k] for a in alone) / common.WORLD for k in params}
+    for results in ranks:
+        for k, v in expected.items():
+            torch.testing.assert_close(results["tokens"]["params"][k], v, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(results["tokens"]["params"]["wte.weight"], params["wte.weight"])
