@@ -76,7 +76,20 @@ def test_readme_quickstart(tmp_path, monkeypatch):
 @pytest.mark.parametrize("page", [p for p in PAGES[1:] if python_blocks(p)], ids=page_id)
 def test_docs_python_blocks_run(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch, "compile", _traced_compile)
     run_page(page, tmp_path)
+
+
+_inductor_compile = torch.compile
+
+
+def _traced_compile(*args, **kwargs):
+    """``torch.compile`` with ``backend="aot_eager"`` unless a block names one: the pages'
+    compiled steps are traced as under inductor (dynamo's and AOTAutograd's graphs, the same
+    breaks and guards) without its code generation, a minute of the suite on 2 CPU cores;
+    tests/step/test_compile.py runs inductor."""
+    kwargs.setdefault("backend", "aot_eager")
+    return _inductor_compile(*args, **kwargs)
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
