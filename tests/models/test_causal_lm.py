@@ -163,5 +163,5 @@ def test_forward_compiles_fullgraph_and_matches_eager():
     model = tiny()
     ids, mask = ids_and_mask(2)
     mask[:, 8:] = 0
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")  # one graph: dynamo's
     torch.testing.assert_close(compiled(ids, mask), model(ids, mask), atol=ATOL, rtol=1e-4)

@@ -1,8 +1,9 @@
 """``torch.compile(step)``: equal to eager, a fixed small number of graphs over a run.
 
 Compiling costs 10-50 s per graph on a 2-core CPU, so the steps are built and compiled once per
-module and every test shares them; the graph-count test of a refilled queue compiles with
-``aot_eager`` (dynamo's and AOTAutograd's graphs without inductor's code generation).
+module and every test shares them; the ``step.compile()`` test and the graph-count test of a
+refilled queue compile with ``aot_eager`` (dynamo's and AOTAutograd's graphs without
+inductor's code generation: the module's shared run is inductor's).
 """
 
 import pytest
@@ -120,7 +121,7 @@ def test_step_compile_is_one_fullgraph_frame_equal_to_eager():
     counters.clear()
     step, state = _build()
     eager_step, eager_state = _build()
-    step.compile(fullgraph=True)
+    step.compile(fullgraph=True, backend="aot_eager")  # inductor: compiled_run above
     graphs = []
     for i in range(STEPS):
         state, eager_state = _at(state, i), _at(eager_state, i)
