@@ -4,6 +4,10 @@ compiled step (:func:`build`, :func:`warm_up`) and ``sbfunc.fit`` a chunk at a t
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see compiled_step.py
+
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, TypeVar
