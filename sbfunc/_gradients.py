@@ -10,7 +10,7 @@ its inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import optree
@@ -54,10 +54,14 @@ def weighted_mean(losses: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     return (weights.to(losses.dtype) * losses).mean()
 
 
-def fresh_buffers(buffers: Params) -> Params:
+def fresh_buffers(buffers: Params, constants: Collection[str] = ()) -> Params:
     """Copies of the buffers for one forward: train-mode BatchNorm writes its running
-    statistics into the buffers it is given, and the caller's must never change."""
-    return {k: v.clone() for k, v in buffers.items()} if buffers else buffers
+    statistics into the buffers it is given, and the caller's must never change. The entries
+    named in ``constants`` (frozen parameters, which no forward writes) are passed as they
+    are: a frozen base is never copied."""
+    if not buffers:
+        return buffers
+    return {k: v if k in constants else v.clone() for k, v in buffers.items()}
 
 
 class _Static:

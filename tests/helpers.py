@@ -27,3 +27,22 @@ def assert_identical(a: Any, b: Any) -> None:
     assert sa == sb
     for x, y in zip(la, lb, strict=True):
         assert same_leaf(x, y), (x, y)
+
+
+def tiny_lm(length: int, *, layers: int = 1, seed: int = 0) -> Any:
+    """A tiny :class:`sbfunc.models.CausalLM` for rows of ``length`` bytes."""
+    import sbfunc
+
+    return sbfunc.models.CausalLM(
+        d_model=16, num_heads=2, num_layers=layers, max_len=length, key=sbfunc.random.key(seed)
+    )
+
+
+def lm_loss(model: Any) -> Any:
+    """The next-token loss of a causal LM on ``{"input_ids", "attention_mask", "labels"}``."""
+    import sbfunc
+
+    return sbfunc.per_sample_loss(
+        model, sbfunc.module.next_token_cross_entropy, input=("input_ids", "attention_mask"),
+        target="labels",
+    )  # fmt: skip

@@ -19,6 +19,7 @@ FLAGS: tuple[str, ...] = (
     "find_unused_parameters",
     "interpolate_loss",
     "selects_samples",
+    "selects_tokens",
     "fuses_layernorm",
     "changes_sequence_length",
 )
@@ -46,7 +47,9 @@ class Algorithm(Frozen):
 
     Class attributes (declared, never duck-typed): ``backwards_create_graph``,
     ``find_unused_parameters``, ``interpolate_loss`` (as in Composer), ``selects_samples``
-    (the algorithm prunes the batch, like Selective Backprop: the default passes run it first)
+    (the algorithm prunes the batch, like Selective Backprop: the default passes run it first),
+    ``selects_tokens`` (it ranks the batch's tokens on ``AFTER_LOSS``, like token selection:
+    a microbatched step fires it once, on the whole batch's token losses),
     ``fuses_layernorm`` (the passes run it last) and ``changes_sequence_length`` (it cuts the
     batch's sequences: the passes run it before everything, sample selection included).
     ``uses_key`` (default ``True``) says
@@ -91,6 +94,7 @@ class Algorithm(Frozen):
     find_unused_parameters: bool = False
     interpolate_loss: bool = False
     selects_samples: bool = False
+    selects_tokens: bool = False
     fuses_layernorm: bool = False
     changes_sequence_length: bool = False
     uses_key: bool = True

@@ -155,7 +155,9 @@ def check_target(kind: TargetKind, outputs: Any, target: Any) -> None:
 
     * ``"classes"``: a target with one dimension fewer than the logits (class indices) must
       be int64 (or uint8); a float target of that shape is refused, naming ``.long()`` and
-      the probability form ``[N, C]`` that cross-entropy also accepts.
+      the probability form ``[N, C]`` that cross-entropy also accepts. Logits with the
+      classes last (``[N, L, V]``, a language model's) against ``[N, L]`` labels are
+      refused, naming :data:`sbfunc.module.next_token_cross_entropy`.
     * ``"float"``: an integer or bool target is refused, naming ``.float()``.
 
     Args:
@@ -165,6 +167,7 @@ def check_target(kind: TargetKind, outputs: Any, target: Any) -> None:
 
     Raises:
         TypeError: for a target of the wrong dtype, with the fix.
+        ValueError: for class-last logits, with the fix.
 
     Example:
         >>> from sbfunc.module import check_target
@@ -184,12 +187,34 @@ def check_target(kind: TargetKind, outputs: Any, target: Any) -> None:
         return
     if not isinstance(outputs, torch.Tensor) or target.dim() != outputs.dim() - 1:
         return  # probabilities (the logits' shape) or a shape torch reports itself
+    if _classes_last(outputs, target):
+        raise ValueError(_CLASSES_LAST.format(tuple(outputs.shape), tuple(target.shape)))
     if target.dtype not in (torch.int64, torch.uint8):
         raise TypeError(
             "target must be int64 class indices for this criterion, got "
             f"{describe(target)}; convert it with .long(), or pass class probabilities of "
             f"the logits' shape {tuple(outputs.shape)}"
         )
+
+
+_CLASSES_LAST = (
+    "the logits {0} have the classes last, as a language model's [N, L, vocab] logits do, but "
+    "this criterion (torch's cross-entropy or NLL) takes them in dimension 1, [N, C, L], so "
+    "labels {1} do not fit it. Use sbfunc.module.next_token_cross_entropy (a causal LM: Hugging "
+    "Face's shift, -100 ignored) or sbfunc.module.token_cross_entropy (one label per position) "
+    "as the criterion; a Hugging Face model also needs output='logits'"
+)
+
+
+def _classes_last(outputs: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether ``[N, L..., V]`` logits meet ``[N, L...]`` labels, which torch's class
+    criteria refuse (they want ``[N, V, L...]``)."""
+    channels_first = (outputs.shape[0], *outputs.shape[2:])
+    return (
+        outputs.dim() >= 3
+        and tuple(target.shape) == tuple(outputs.shape[:-1])
+        and tuple(target.shape) != channels_first
+    )
 
 
 def accepts_reduction(fn: Callable[..., Any]) -> bool:

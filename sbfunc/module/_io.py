@@ -207,6 +207,8 @@ def select_output(outputs: Any, output: Output) -> Any:
         IndexError: if the index is out of range.
         TypeError: if ``output=None`` and the result is not a tensor, or the selection is not
             tensors only.
+        ValueError: if the selection is a 0-d tensor (a loss reduced over the batch, such as
+            a Hugging Face model's ``.loss``), naming ``output='logits'``.
 
     Example:
         >>> select_output((torch.ones(2), None), 0)
@@ -220,6 +222,8 @@ def select_output(outputs: Any, output: Output) -> Any:
         Hugging Face Transformers ``ModelOutput`` (attribute, key and index access).
     """
     if output is None:
+        if isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+            raise ValueError(_REDUCED.format(output))
         if isinstance(outputs, torch.Tensor):
             return outputs
         _refuse_structured(outputs)
@@ -242,8 +246,18 @@ def select_output(outputs: Any, output: Output) -> Any:
                 f"output={output} cannot index the module's output, {_describe(outputs)}"
             ) from err
     if isinstance(value, torch.Tensor):  # no message to build (compiled, a tensor has no __dict__)
+        if value.dim() == 0:
+            raise ValueError(_REDUCED.format(output))
         return value
     return _check_tensors(value, f"output={output!r} selected {_describe(value)}; it")
+
+
+_REDUCED = (
+    "output={0!r} selected a 0-d tensor: a loss already averaged over the batch (such as a "
+    "Hugging Face model's .loss), where per-sample losses need the logits, one row per sample. "
+    "Read the logits with output='logits' and pass a per-token criterion such as "
+    "sbfunc.module.next_token_cross_entropy"
+)
 
 
 def read_inputs(batch: Any, input: Inputs) -> tuple[tuple[Any, ...], dict[str, Any]]:

@@ -37,9 +37,16 @@ __all__ = ["ModuleLoss", "per_sample_loss", "reduce_per_sample", "split_module"]
 
 
 def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Params]:
-    """Split a module into detached ``params`` and ``buffers`` dicts, keyed by
-    ``named_parameters()`` / ``named_buffers()`` names (a tied weight appears once; buffers
-    registered with ``persistent=False`` are included), as ``functional_call`` expects.
+    """Split a module into detached ``params`` (what trains) and ``buffers`` (what does not)
+    dicts, keyed by ``named_parameters()`` / ``named_buffers()`` names (a tied weight appears
+    once; buffers registered with ``persistent=False`` are included), as ``functional_call``
+    expects.
+
+    A parameter whose ``requires_grad`` is ``False`` (a frozen base, LoRA's frozen weights,
+    partial fine-tuning) goes to ``buffers``: the training step differentiates, updates and
+    decays only ``params``, so a frozen parameter stays bit for bit what it was and costs no
+    gradient work (equinox's ``partition`` of a model by a filter; optax leaves what it is not
+    given alone).
 
     Args:
         module: any ``nn.Module``.
@@ -48,24 +55,33 @@ def split_module(module: nn.Module, *, clone: bool = False) -> tuple[Params, Par
             running statistics in the buffers it is given).
 
     Returns:
-        ``(params, buffers)``, each a ``dict[str, Tensor]`` with ``requires_grad=False``.
+        ``(params, buffers)``, each a ``dict[str, Tensor]`` with ``requires_grad=False``:
+        the trainable parameters, then the frozen parameters and the buffers.
 
     Example:
         >>> params, buffers = sbfunc.split_module(torch.nn.BatchNorm1d(3))
         >>> sorted(params), sorted(buffers)
         (['bias', 'weight'], ['num_batches_tracked', 'running_mean', 'running_var'])
+        >>> frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+        >>> model = torch.nn.Sequential(frozen, torch.nn.Linear(2, 1))
+        >>> params, buffers = sbfunc.split_module(model)
+        >>> sorted(params), sorted(buffers)
+        (['1.bias', '1.weight'], ['0.bias', '0.weight'])
 
     References:
         PyTorch ``torch.func.functional_call`` and its per-sample-gradients tutorial
-        (``{k: v.detach() for k, v in model.named_parameters()}``).
+        (``{k: v.detach() for k, v in model.named_parameters()}``); equinox ``partition``.
     """
 
     def copy(t: torch.Tensor) -> torch.Tensor:
         t = t.detach()
         return t.clone() if clone else t
 
-    params = {k: copy(v) for k, v in module.named_parameters()}
-    buffers = {k: copy(v) for k, v in module.named_buffers()}
+    params: Params = {}
+    buffers: Params = {}
+    for k, v in module.named_parameters():
+        (params if v.requires_grad else buffers)[k] = copy(v)
+    buffers.update((k, copy(v)) for k, v in module.named_buffers())
     return params, buffers
 
 
@@ -93,7 +109,9 @@ def reduce_per_sample(losses: torch.Tensor, n: int | None = None) -> torch.Tenso
                 if isinstance(losses, torch.Tensor)
                 else type(losses).__name__
             )
-            + ". Use reduction='none' in the criterion."
+            + ". Use a criterion with reduction='none' (torch's losses take it); for a "
+            "language model, sbfunc.module.next_token_cross_entropy with output='logits' "
+            "(a Hugging Face model's .loss and loss_function reduce the batch to one number)"
         )
     if n is not None and losses.shape[0] != n:
         raise ValueError(
@@ -113,9 +131,20 @@ def _per_element_criterion(criterion: Callable[..., torch.Tensor]) -> Callable[.
                 "per-sample losses need reduction='none'"
             )
         return criterion
+    raw = getattr(criterion, "func", criterion)  # functools.partial
+    if str(getattr(raw, "__module__", "")).startswith("transformers.loss"):
+        raise ValueError(_HF_LOSS.format(getattr(raw, "__name__", repr(raw))))
     if accepts_reduction(criterion):
         return lambda out, tgt: criterion(out, tgt, reduction="none")
     return criterion
+
+
+_HF_LOSS = (
+    "criterion is Hugging Face's {0} (a model's loss_function), which averages the whole "
+    "batch into one number and takes no reduction: per-sample losses need one loss per row. "
+    "Use sbfunc.module.next_token_cross_entropy (the same loss per token: Hugging Face's "
+    "shift, -100 ignored) or sbfunc.module.token_cross_entropy, with output='logits'"
+)
 
 
 def per_sample_loss(
@@ -357,6 +386,19 @@ class ModuleLoss:
             return losses.row_means()
         n = outputs.shape[0] if isinstance(outputs, torch.Tensor) and outputs.dim() > 0 else None
         return reduce_per_sample(losses, n)
+
+    def parameter_names(self) -> frozenset[str]:
+        """Every name under which the module holds a parameter (tied names too). Given in
+        ``buffers`` (:func:`split_module` puts frozen parameters there), such a tensor is a
+        frozen parameter: no forward writes it, so the step neither copies nor synchronises
+        it.
+
+        Example:
+            >>> ce = torch.nn.functional.cross_entropy
+            >>> sorted(sbfunc.per_sample_loss(torch.nn.Linear(2, 2), ce).parameter_names())
+            ['bias', 'weight']
+        """
+        return frozenset(k for k, _ in self.module.named_parameters(remove_duplicate=False))
 
     def usable_rows(self, batch: Any) -> torch.Tensor | None:
         """``Tensor[N]`` of bools, read from the batch alone (before any forward): the rows

@@ -94,7 +94,9 @@ def _differences(
     return missing, unexpected, mismatched, kinds
 
 
-def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn") -> None:
+def check_state(
+    source: Any, params: Any, buffers: Any, *, name: str = "loss_fn", training: bool = False
+) -> None:
     """Refuse ``params`` and ``buffers`` that do not belong to the module behind a loss (or
     to a module): other names, names missing, or other shapes.
 
@@ -115,12 +117,17 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
         params: the parameter dict given with it.
         buffers: the buffer dict given with it.
         name: what ``source`` is called in the message (``"module"`` for a module).
+        training: ``params`` are to be trained (``step.init``): a parameter frozen in the
+            module (``requires_grad=False``) among them is refused too, since training it would
+            silently change what the user froze (:func:`sbfunc.split_module` puts frozen
+            parameters in ``buffers``).
 
     Raises:
         TypeError: if ``params`` or ``buffers`` is not a dict of name -> tensor (checked for
             any ``source``).
         ValueError: naming the missing, unexpected and mismatched-shape entries (at most six
-            of each, then how many more) and the fix, :func:`sbfunc.split_module`.
+            of each, then how many more) and the fix, :func:`sbfunc.split_module`; with
+            ``training``, naming the frozen parameters given in ``params``.
 
     Example:
         >>> from sbfunc.module import check_state
@@ -138,6 +145,8 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
     if module is None:
         return
     missing, unexpected, mismatched, kinds = _differences(module, given)
+    if training and not (missing or unexpected or mismatched):
+        _refuse_frozen(module, params, name)
     if not (missing or unexpected or mismatched):
         return
     parts = [f"missing {_listed(missing)}"] if missing else []
@@ -150,3 +159,20 @@ def check_state(source: Any, params: Any, buffers: Any, *, name: str = "loss_fn"
         f"{what} do not match {behind} ({type(module).__name__}): {', '.join(parts)}; build "
         "them from this module with sbfunc.split_module(module) (other dtypes are fine)"
     )
+
+
+def _refuse_frozen(module: nn.Module, params: dict[str, torch.Tensor], name: str) -> None:
+    """Raise when ``params`` holds a parameter the module has frozen (``requires_grad``
+    false): it would be trained."""
+    frozen = [
+        repr(k)
+        for k, p in module.named_parameters(remove_duplicate=False)
+        if k in params and not p.requires_grad
+    ]
+    if frozen:
+        raise ValueError(
+            f"params hold {len(frozen)} parameters frozen in the module behind {name} "
+            f"(requires_grad=False): {_listed(frozen)}; a step trains every entry of params, so "
+            "pass frozen parameters in buffers (sbfunc.split_module(module) does), or call "
+            "requires_grad_(True) on them to train them"
+        )

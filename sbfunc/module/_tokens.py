@@ -128,9 +128,23 @@ next_token_cross_entropy = TokenCrossEntropy(shift=1)
 def token_losses_of(
     element: torch.Tensor | TokenLosses, target: Any, ignore_index: int | None
 ) -> TokenLosses | None:
-    """The :class:`TokenLosses` of a criterion's result: as returned, or a ``[N, T...]`` loss of
-    torch's class criteria paired with ``target != ignore_index``; ``None`` for a result with
-    no tokens (one loss per row, or a float target's elements)."""
+    """The :class:`TokenLosses` of a criterion's result: as returned, or a ``[N, T...]`` loss
+    of the shape of an integer target (torch's class criteria, or any criterion of yours)
+    paired with ``target != ignore_index``; ``None`` for a result with no tokens (one loss per
+    row, a float target's elements, or ``ignore_index=None``).
+
+    Raises:
+        ValueError: for a ``[N, ...]`` loss of another shape than its ``[N, ...]`` integer
+            target (a criterion that shifts or slices its labels itself, such as a
+            hand-written causal LM loss): which labels its positions score cannot be known,
+            so its ignored positions cannot be left out of the mean.
+
+    Example:
+        >>> from sbfunc.module import TokenLosses
+        >>> labels = torch.tensor([[3, -100]])
+        >>> token_losses_of(torch.tensor([[0.5, 0.0]]), labels, -100).mask
+        tensor([[ True, False]])
+    """
     if isinstance(element, TokenLosses):
         return element
     token_target = (
@@ -138,11 +152,25 @@ def token_losses_of(
         and isinstance(target, torch.Tensor)
         and not (target.is_floating_point() or target.is_complex())
         and target.dim() >= 2
-        and target.shape == element.shape
+        and isinstance(element, torch.Tensor)
+        and element.dim() >= 2
     )
     if not token_target:
         return None
+    if target.shape != element.shape:
+        raise ValueError(_SHIFTED.format(tuple(element.shape), tuple(target.shape), ignore_index))
     return TokenLosses(element, target != ignore_index)
+
+
+_SHIFTED = (
+    "the criterion returned losses of shape {0} for integer labels of shape {1}: it shifts or "
+    "slices the labels itself, so which of its positions hold an ignored label ({2}) cannot be "
+    "known, and averaging them in as zeros would train on the wrong mean. Use "
+    "sbfunc.module.next_token_cross_entropy (a causal LM's loss: Hugging Face's shift, -100 "
+    "ignored) or token_cross_entropy as the criterion, with output='logits' for a Hugging "
+    "Face model; or return one loss per position of the labels; or pass ignore_index=None to "
+    "per_sample_loss if the criterion leaves nothing to ignore"
+)
 
 
 class TokenTargets(NamedTuple):
@@ -163,9 +191,10 @@ class TokenTargets(NamedTuple):
     def of(
         criterion: Any, kind: str | None, ignore_index: int | None, attention_mask: Field | None
     ) -> TokenTargets:
-        """The token targets of ``criterion``: a token criterion's own mask; for torch's class
-        criteria (``kind == "classes"``) ``target != ignore_index``, their own
-        ``ignore_index`` first; otherwise none."""
+        """The token targets of ``criterion``: a token criterion's own mask; for any other
+        criterion of integer targets ``target != ignore_index``, its own ``ignore_index``
+        first (``functools.partial`` keywords, an ``nn.Module``'s attribute); none for the
+        criteria of float targets (``kind == "float"``) or ``ignore_index=None``."""
         if ignore_index is not None:
             ignore_index = check_int(ignore_index, "ignore_index", fix="or None")
         if isinstance(criterion, TokenCrossEntropy):
@@ -173,7 +202,7 @@ class TokenTargets(NamedTuple):
         raw = criterion.func if isinstance(criterion, functools.partial) else criterion
         given = criterion.keywords if isinstance(criterion, functools.partial) else {}
         own = given.get("ignore_index", getattr(raw, "ignore_index", ignore_index))
-        if kind != "classes" or own is None:
+        if kind == "float" or own is None:
             return TokenTargets(None, None, attention_mask)
         return TokenTargets(own, functools.partial(_real, ignore_index=own), attention_mask)
 

@@ -60,7 +60,11 @@ class TokenSelection(Algorithm):
     ``Context.token_weights`` (a mask, fixed shapes), so it compiles with ``fullgraph=True`` and
     reads nothing on the host. It needs a loss over tokens and the step's ``"tokens"``
     objective (:func:`sbfunc.make_train_step`); data-parallel, each rank selects from its own
-    batch (the fraction holds on every rank).
+    batch (the fraction holds on every rank). Rows the step left out (a stand-in for a row
+    without a real token, a non-finite row) have no real token here: they are never ranked,
+    kept or counted. With microbatches the selection is over the whole batch's real tokens,
+    whatever the split: the step scores every chunk in a forward without gradients first
+    (one more forward per chunk), selects once, then trains each chunk on its kept tokens.
 
     Args:
         keep: the kept fraction of real tokens, in (0, 1], or a schedule ``elapsed ->
@@ -96,6 +100,7 @@ class TokenSelection(Algorithm):
 
     events = frozenset({Event.AFTER_LOSS})
     uses_elapsed = True
+    selects_tokens = True
 
     def __init__(
         self,

@@ -19,9 +19,11 @@ from sbfunc.engine import Context
 from sbfunc.module import TokenLosses
 
 __all__ = [
+    "Backpropagated",
     "Before",
     "ObjectiveKind",
     "backpropagated",
+    "counted",
     "masked_mean",
     "start",
     "token_mean",
@@ -98,24 +100,51 @@ def start(
     used: torch.Tensor | None,
 ) -> Before:
     """What ``AFTER_LOSS`` receives: the objective of the rows' ``losses`` (and of ``tokens``,
-    when the objective is over tokens) under the rows' ``weights``, over the ``used`` rows."""
+    when the objective is over tokens) under the rows' ``weights``, over the ``used`` rows.
+    The token weights are 0 on every token of a row left out (a stand-in for a row without a
+    real token, a non-finite row), so a token selection never ranks, keeps or counts them."""
     if tokens is None:
         return Before(masked_mean(losses, weights, used), losses, weights)
-    token_weights = tokens.mask.to(tokens.losses.dtype)
+    real = tokens.mask
+    if used is not None:  # a left-out row's tokens (a stand-in's) are not real: never ranked
+        real = real & used.reshape(-1, *[1] * (real.dim() - 1))
+    token_weights = real.to(tokens.losses.dtype)
     loss, denominator = token_mean(tokens.losses, token_weights, weights, used)
     return Before(loss, losses, weights, tokens.losses, token_weights, denominator)
 
 
+class Backpropagated(NamedTuple):
+    """What :func:`backpropagated` decided: the loss to differentiate, the per-row losses, the
+    token mean's denominator (by which microbatches combine; ``None`` for a mean over rows)
+    and the number of tokens that mean averaged (``int64``; ``None`` for a mean over rows)."""
+
+    loss: torch.Tensor
+    losses: torch.Tensor
+    denominator: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+
+def counted(token_weights: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
+    """The tokens of nonzero weight in the rows where ``ok`` holds: a 0-d ``int64`` tensor.
+
+    Example:
+        >>> counted(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([True, False]))
+        tensor(1)
+    """
+    nonzero = token_weights != 0
+    if ok is not None:
+        nonzero = nonzero & ok.reshape(-1, *[1] * (nonzero.dim() - 1))
+    return nonzero.sum()
+
+
 def backpropagated(
     ctx: Context, before: Before, used: torch.Tensor | None, n: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+) -> Backpropagated:
     """The loss to differentiate and the per-sample losses, after ``AFTER_LOSS`` and
     ``BEFORE_BACKWARD`` left ``ctx``: a replaced ``loss`` as it is; else, for a loss over
     tokens whose token losses or weights (or row weights) changed, their :func:`token_mean`;
     else the mean of the (possibly replaced) ``losses`` under the (possibly replaced)
-    ``sample_weights``; else ``loss`` unchanged. The third value is the token mean's
-    denominator (the tokens' total weight, by which microbatches combine), ``None`` for a mean
-    over rows.
+    ``sample_weights``; else ``loss`` unchanged (see :class:`Backpropagated`).
 
     Raises:
         ValueError: if a replaced ``loss`` is not a 0-d floating tensor, replaced ``losses``
@@ -130,7 +159,7 @@ def backpropagated(
                 "ctx.loss changed on AFTER_LOSS/BEFORE_BACKWARD must be a 0-d floating tensor "
                 f"(what is backpropagated), got {got}"
             )
-        return new, ctx.losses if ctx.losses is not None else before.losses, None
+        return Backpropagated(new, ctx.losses if ctx.losses is not None else before.losses)
     if before.token_losses is not None and (
         ctx.token_losses is not before.token_losses
         or ctx.token_weights is not before.token_weights
@@ -138,13 +167,15 @@ def backpropagated(
     ):
         tokens, weights = _checked_tokens(ctx, before)
         loss, denominator = token_mean(tokens, weights, ctx.sample_weights, used)
-        return loss, before.losses, denominator
+        return Backpropagated(loss, before.losses, denominator, counted(weights, used))
     if ctx.losses is not before.losses or ctx.sample_weights is not before.weights:
         new_losses = ctx.losses
         check_losses(new_losses, n)
         assert isinstance(new_losses, torch.Tensor)  # check_losses raised otherwise
-        return masked_mean(new_losses, ctx.sample_weights, used), new_losses, None
-    return before.loss, before.losses, before.denominator
+        return Backpropagated(masked_mean(new_losses, ctx.sample_weights, used), new_losses)
+    real = before.token_weights  # zero on the rows left out already
+    count = None if real is None else counted(real, None)
+    return Backpropagated(before.loss, before.losses, before.denominator, count)
 
 
 def _checked_tokens(ctx: Context, before: Before) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,8 +30,9 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size, take
-from sbfunc.engine import Carry, Context
+from sbfunc.engine import Carry, Context, Event
 from sbfunc.step._objective import Differentiated, Fire, Objective
+from sbfunc.step._records import Gradients
 from sbfunc.types import Params, PerSample
 
 __all__ = ["Microbatching", "accumulate", "microbatching"]
@@ -127,7 +128,8 @@ def accumulate(
     model_key: Callable[[torch.Tensor], torch.Tensor] | None,
     ok: torch.Tensor | None,
     scale: torch.Tensor | None = None,
-) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
+    whole: tuple[Fire, Fire] | None = None,
+) -> Gradients:
     """Forward, loss and gradient of the carried batch, chunk by chunk when ``split`` says so
     (see the module docs); fires ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` per chunk.
 
@@ -142,55 +144,130 @@ def accumulate(
             randomness in the model).
         ok: the rows whose inputs are finite, or ``None``.
         scale: the loss scale every chunk's loss is multiplied by (``None``: none).
+        whole: with token selections (``Algorithm.selects_tokens``) planned on
+            ``AFTER_LOSS``/``BEFORE_BACKWARD``, ``(fire without them, fire with them alone)``:
+            split into chunks, they fire once on the whole batch's token losses
+            (:func:`select_whole_batch`) and the chunks fire the rest; ``None``: none.
 
     Returns:
-        ``(carry, grads, loss, used, rows)``: the carry with the whole kept batch and weights
-        back, the concatenated per-sample losses (and outputs) and the last chunk's buffers;
-        the accumulated gradient (scaled as the loss); the whole batch's weighted mean loss
-        (chunks combine by their share of the rows, or of the token weight under a token
-        objective); the rows the loss used (``None`` when not masking); the number of rows
-        backpropagated.
+        The :class:`~sbfunc.step._records.Gradients`: the carry with the whole kept batch and
+        weights back, the concatenated per-sample losses (and outputs) and the last chunk's
+        buffers; the accumulated gradient (scaled as the loss); the whole batch's weighted
+        mean loss (chunks combine by their share of the rows, or of the token weight under a
+        token objective); the rows the loss used (``None`` when not masking); the number of
+        rows backpropagated; the tokens the loss averaged.
     """
     batch, weights = carry.context.batch, carry.context.sample_weights
     rows = batch_size(batch, per_sample=per_sample)
     sizes = () if split is None else split.sizes(rows)
 
-    def run(c: Carry, part: torch.Tensor | None) -> Differentiated:
-        key = None if model_key is None or c.step_key is None else model_key(c.step_key)
-        return objective(c, fire, inside=inside, model_key=key, ok=part, scale=scale)
+    def key_of(c: Carry) -> torch.Tensor | None:
+        return None if model_key is None or c.step_key is None else model_key(c.step_key)
+
+    def run(c: Carry, part: torch.Tensor | None, decided: torch.Tensor | None) -> Differentiated:
+        return objective(c, fire, inside=inside, model_key=key_of(c), ok=part, scale=scale,
+                         token_weights=decided)  # fmt: skip
 
     if len(sizes) <= 1:  # one chunk: exactly the unsplit step
-        d = run(carry, ok)
+        d = run(carry, ok, None)
         rows = batch_size(d.carry.context.batch, per_sample=per_sample)
-        return d.carry, d.grads, d.loss, d.used, rows
-    params = carry.context.params
-    device = params[next(iter(params))].device if params else None
-    base_key, acc, start = carry.step_key, _Accumulated(), 0
-    for c, n in enumerate(sizes):
-        carry = _chunk(carry, take(batch, torch.arange(start, start + n, device=device),
-                                   per_sample=per_sample),
-                       None if weights is None else weights[start : start + n],
-                       _chunk_key(base_key, c))  # fmt: skip
-        d = run(carry, None if ok is None else ok[start : start + n])
+        return Gradients(d.carry, d.grads, d.loss, d.used, rows, d.tokens)
+    decided = None
+    parts = _parts(carry, sizes, ok, per_sample)
+    if whole is not None:
+        fire, selections = whole
+        scores = []
+        for p in parts:
+            c = p.carry(carry)
+            scores.append(objective.token_scores(c, fire, model_key=key_of(c), ok=p.ok))
+        carry, decided = select_whole_batch(carry, selections, scores)
+    acc, start, base_key = _Accumulated(), 0, carry.step_key
+    for p in parts:
+        n = p.rows
+        chosen = None if decided is None else decided[start : start + n]
+        d = run(p.carry(carry), p.ok, chosen)
         carry, acc = d.carry, acc.add(d, n / rows)
         start += n
     ctx = acc.context(carry.context._replace(batch=batch, sample_weights=weights))
-    return carry._replace(context=ctx, step_key=base_key), *acc.results(), rows
+    grads, loss, used = acc.results()
+    carry = carry._replace(context=ctx, step_key=base_key)
+    return Gradients(carry, grads, loss, used, rows, acc.tokens)
 
 
-def _chunk_key(base: torch.Tensor | None, c: int) -> torch.Tensor | None:
-    """Chunk ``c``'s step key: chunk 0 keeps the step's keys, the others fold in their index."""
-    return base if base is None or c == 0 else sbrandom.fold_in(base, _CHUNK_STREAM + c)
+class _Part(NamedTuple):
+    """One chunk: its rows, their weights and ``ok`` mask, its step key."""
+
+    batch: Any
+    weights: torch.Tensor | None
+    ok: torch.Tensor | None
+    key: torch.Tensor | None
+    rows: int
+
+    def carry(self, running: Carry) -> Carry:
+        """The chunk's carry from the running one (its parameters, buffers and states): its
+        rows, weights and key, no outputs or losses yet."""
+        ctx = running.context._replace(
+            batch=self.batch, sample_weights=self.weights, outputs=None, loss=None, losses=None
+        )
+        return running._replace(context=ctx, step_key=self.key)
 
 
-def _chunk(
-    carry: Carry, rows: Any, weights: torch.Tensor | None, key: torch.Tensor | None
-) -> Carry:
-    """The carry of one chunk: its rows and weights, no outputs or losses yet."""
-    ctx = carry.context._replace(
-        batch=rows, sample_weights=weights, outputs=None, loss=None, losses=None
-    )
-    return carry._replace(context=ctx, step_key=key)
+def _parts(
+    carry: Carry, sizes: tuple[int, ...], ok: torch.Tensor | None, per_sample: PerSample
+) -> list[_Part]:
+    """The chunks of the carried batch, contiguous rows of ``sizes``; chunk 0 keeps the step's
+    key, the others fold in their index."""
+    ctx = carry.context
+    batch, weights, base = ctx.batch, ctx.sample_weights, carry.step_key
+    device = next(iter(ctx.params.values())).device if ctx.params else None
+    out, start = [], 0
+    for c, n in enumerate(sizes):
+        rows = take(batch, torch.arange(start, start + n, device=device), per_sample=per_sample)
+        out.append(_Part(
+            rows,
+            None if weights is None else weights[start : start + n],
+            None if ok is None else ok[start : start + n],
+            base if base is None or c == 0 else sbrandom.fold_in(base, _CHUNK_STREAM + c),
+            n,
+        ))  # fmt: skip
+        start += n
+    return out
+
+
+def select_whole_batch(
+    carry: Carry, whole: Fire, scores: list[tuple[torch.Tensor | None, torch.Tensor | None]]
+) -> tuple[Carry, torch.Tensor | None]:
+    """Fire the token selections ``whole`` once, on ``AFTER_LOSS`` and ``BEFORE_BACKWARD``,
+    with the whole batch's token losses and weights (the chunks' ``scores``, from a no-grad
+    pass): ``(carry, token weights)``, the carry with their states and traces. So a
+    microbatched step selects over the whole batch's real tokens, as the unsplit step does,
+    whatever the split (one more forward of every chunk, without gradients).
+
+    Raises:
+        ValueError: if a selection changes ``loss``, ``losses`` or ``token_losses`` (they come
+            from a pass without gradients: only weights can be decided there).
+    """
+    losses = [s[0] for s in scores]
+    weights = [s[1] for s in scores]
+    tokens = None if any(t is None for t in losses) else torch.cat(losses)  # type: ignore[arg-type]
+    real = None if any(w is None for w in weights) else torch.cat(weights)  # type: ignore[arg-type]
+    ctx = carry.context._replace(token_losses=tokens, token_weights=real)
+    out = whole(Event.BEFORE_BACKWARD, whole(Event.AFTER_LOSS, carry._replace(context=ctx)))
+    new = out.context
+    changed = [
+        name
+        for name in ("loss", "losses", "token_losses")
+        if getattr(new, name) is not getattr(ctx, name)
+    ]
+    if changed:
+        raise ValueError(
+            f"a token selection changed ctx.{', ctx.'.join(changed)} in a microbatched step, "
+            "where it decides on the whole batch from a pass without gradients: it may change "
+            "only the weights (ctx.token_weights, ctx.sample_weights)"
+        )
+    return out._replace(
+        context=new._replace(token_losses=None, token_weights=None)
+    ), new.token_weights
 
 
 class _Accumulated(NamedTuple):
@@ -204,6 +281,7 @@ class _Accumulated(NamedTuple):
     outputs: tuple[object, ...] = ()
     masks: tuple[torch.Tensor, ...] = ()
     total: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
 
     def add(self, d: Differentiated, rows_share: float) -> _Accumulated:
         ctx, loss, grads = d.carry.context, d.loss, d.grads
@@ -213,6 +291,7 @@ class _Accumulated(NamedTuple):
             loss = torch.where(d.weight > 0, loss, loss.new_zeros(()))
             grads = {k: torch.where(d.weight > 0, g, g.new_zeros(())) for k, g in grads.items()}
         total = None if d.weight is None else d.weight + (0 if self.total is None else self.total)
+        tokens = _added(self.tokens, d.tokens)
         return _Accumulated(
             _scaled_sum(self.grads, grads, share),
             loss * share if self.loss is None else self.loss + loss * share,
@@ -220,6 +299,7 @@ class _Accumulated(NamedTuple):
             (*self.outputs, ctx.outputs),
             self.masks if d.used is None else (*self.masks, d.used),
             total,
+            tokens,
         )
 
     def context(self, ctx: Context) -> Context:
@@ -236,3 +316,7 @@ class _Accumulated(NamedTuple):
             return self.grads, self.loss, used
         total = self.total
         return {k: g / total for k, g in self.grads.items()}, self.loss / total, used
+
+
+def _added(total: torch.Tensor | None, part: torch.Tensor | None) -> torch.Tensor | None:
+    return part if total is None else total if part is None else total + part

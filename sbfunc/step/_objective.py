@@ -57,6 +57,8 @@ class Objective(NamedTuple):
             (``make_train_step(precision=...)``); ``None``: as the parameters are.
         kind: ``"tokens"`` (a loss over tokens averages every real token of the batch) or
             ``"rows"`` (the mean of the rows' means); see :mod:`sbfunc.step._means`.
+        constants: the names of the buffers no forward writes (frozen parameters): the
+            forward gets them as they are, not copies.
     """
 
     loss_fn: LossFn
@@ -64,6 +66,7 @@ class Objective(NamedTuple):
     mask_nonfinite: bool
     autocast: torch.dtype | None = None
     kind: ObjectiveKind = "tokens"
+    constants: frozenset[str] = frozenset()
 
     def precision(self, params: Params) -> contextlib.AbstractContextManager[Any]:
         """The forward's and the loss's precision: ``torch.autocast`` on the parameters'
@@ -92,6 +95,7 @@ class Objective(NamedTuple):
         model_key: torch.Tensor | None,
         ok: torch.Tensor | None,
         scale: torch.Tensor | None = None,
+        token_weights: torch.Tensor | None = None,
     ) -> Differentiated:
         """Forward, loss and gradient of the carried batch.
 
@@ -104,6 +108,9 @@ class Objective(NamedTuple):
             ok: the rows whose inputs are finite (``None``: all).
             scale: the loss scale (:func:`sbfunc.optim.dynamic_loss_scale`): the gradients
                 are those of ``loss * scale``; the loss returned is not scaled.
+            token_weights: the token weights ``AFTER_LOSS`` sees, decided already (a token
+                selection made on the whole batch of a microbatched step); ``None``: every
+                real token of the used rows.
 
         Returns:
             A :class:`Differentiated`.
@@ -112,7 +119,7 @@ class Objective(NamedTuple):
         buffers, time = context.buffers, context.time
 
         def objective(p: Params) -> tuple[torch.Tensor, tuple[Any, ...]]:
-            b = fresh_buffers(buffers)
+            b = fresh_buffers(buffers, self.constants)
             c, losses, tokens = self._losses(p, b, carry, fire, model_key)
             n = batch_size(c.context.batch, per_sample=self.per_sample)
             check_losses(losses, n)
@@ -122,17 +129,18 @@ class Objective(NamedTuple):
                 loss=before.loss,
                 losses=losses,
                 token_losses=before.token_losses,
-                token_weights=before.token_weights,
+                token_weights=before.token_weights if token_weights is None else token_weights,
             )
             c = fire(Event.BEFORE_BACKWARD, fire(Event.AFTER_LOSS, c._replace(context=ctx)))
-            loss, losses, weight = backpropagated(c.context, before, used, n)
+            out = backpropagated(c.context, before, used, n)
             # The time stays out of the aux: torch.func accepts tensor leaves only there, and
             # it goes back in unchanged below.
             c = c._replace(context=c.context._replace(time=cast(Time, None)))
-            aux = (b, c, losses, used, weight)
+            aux = (b, c, out.losses, used, out.denominator, out.tokens)
+            loss = out.loss
             return (loss, (*aux, None)) if scale is None else (loss * scale, (*aux, loss))
 
-        grads, loss, (new_buffers, carry, losses, used, weight, unscaled) = differentiate(
+        grads, loss, (new_buffers, carry, losses, used, weight, tokens, unscaled) = differentiate(
             objective, context.params, detach_aux=False
         )
         if unscaled is not None:  # the loss, not the scaled one differentiated
@@ -143,7 +151,24 @@ class Objective(NamedTuple):
             loss,
             used,
             weight,
+            tokens,
         )
+
+    def token_scores(
+        self, carry: Carry, fire: Fire, *, model_key: torch.Tensor | None, ok: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Without gradients: the carried batch's token losses and weights as ``AFTER_LOSS``
+        would see them (the forward, ``AFTER_FORWARD`` and ``BEFORE_LOSS`` run on copies: no
+        state, buffer or trace of this pass is kept); ``(None, None)`` for a loss that is not
+        over tokens or the ``"rows"`` objective."""
+        context = carry.context
+        with torch.no_grad():
+            b = fresh_buffers(context.buffers, self.constants)
+            c, losses, tokens = self._losses(context.params, b, carry, fire, model_key)
+            if tokens is None:
+                return None, None
+            before = start(losses, tokens, c.context.sample_weights, self.rows_used(losses, ok))
+        return before.token_losses, before.token_weights
 
     def _losses(
         self,
@@ -215,6 +240,8 @@ class Differentiated(NamedTuple):
         used: the rows the loss used (inputs and loss finite), or ``None`` when not masking.
         weight: the token mean's denominator (the weight of the tokens it averaged), by which
             microbatches combine; ``None`` for a mean over rows.
+        tokens: the number of tokens the token mean averaged (0-d ``int64``); ``None`` for
+            a mean over rows.
     """
 
     carry: Carry
@@ -222,3 +249,4 @@ class Differentiated(NamedTuple):
     loss: torch.Tensor
     used: torch.Tensor | None
     weight: torch.Tensor | None
+    tokens: torch.Tensor | None = None

@@ -7,10 +7,11 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.engine import Event, Plan, Time, Trace
+from sbfunc.engine import Carry, Event, Plan, Time, Trace
 from sbfunc.select import Selection
+from sbfunc.types import Params
 
-__all__ = ["BATCH_EVENTS", "Clock", "CoreOutputs", "StepMetrics", "StepPlan"]
+__all__ = ["BATCH_EVENTS", "Clock", "CoreOutputs", "Gradients", "StepMetrics", "StepPlan"]
 
 BATCH_EVENTS: tuple[Event, ...] = (  # Composer's order; see its ``Event`` documentation
     Event.AFTER_DATALOADER,
@@ -36,7 +37,12 @@ class StepMetrics(NamedTuple):
             on the device (reading it is the caller's choice of sync); NaN when no row was
             trained on.
         samples_in_batch: rows the data loader delivered.
-        samples_backpropagated: rows the gradient was computed on (after selection).
+        samples_backpropagated: the rows whose loss the update averaged (after selection).
+            A row the step left out (no real target token, an empty attention mask, a
+            non-finite input or loss) is not counted where reading its flag costs nothing:
+            always on the CPU, eager or compiled. On an accelerator the step never syncs to
+            read it: the count there includes such rows (``rows_nonfinite`` counts them on
+            the device).
         skipped: a 0-d bool tensor: the update did not reach the parameters (a non-finite
             loss or gradient, or no row left to train on).
         traces: the engine's traces of every event of the step, in order.
@@ -48,6 +54,10 @@ class StepMetrics(NamedTuple):
             loss weights (or ``None``), left on the device; ``None`` when no selection ran
             this step. With Selective Backprop's ``refill`` queue these are the rows kept and
             queued this step (the backpropagated rows may come from earlier batches).
+        tokens_backpropagated: for a loss over tokens (the ``"tokens"`` objective), the real
+            tokens the update averaged, a 0-d ``int64`` tensor left on the device: the kept
+            tokens under a token selection (padding, ``-100`` labels and left-out rows never
+            count); ``None`` for a loss with one value per row.
 
     Example:
         >>> m = sbfunc.step.StepMetrics(torch.tensor(0.5), 64, 32, torch.tensor(False), ())
@@ -65,6 +75,7 @@ class StepMetrics(NamedTuple):
     traces: tuple[Trace, ...]
     rows_nonfinite: torch.Tensor | None = None
     kept: Selection | None = None
+    tokens_backpropagated: torch.Tensor | None = None
 
 
 class Clock(NamedTuple):
@@ -137,7 +148,9 @@ class CoreOutputs(NamedTuple):
     the run's device counters, all counted inside the core so ``finish`` runs no tensor
     operation (``rows_nonfinite`` includes the rows a selection left out for a non-finite
     score; ``rows_nonfinite_total`` is the run's count after this step, ``None`` when the
-    time keeps none)."""
+    time keeps none; ``rows_unused`` the rows that went through the backward without a
+    weight in the update, stand-ins for unusable rows included, ``None`` when every row
+    counted; ``tokens`` the tokens the update averaged)."""
 
     loss: torch.Tensor
     samples_in_batch: int
@@ -146,3 +159,25 @@ class CoreOutputs(NamedTuple):
     updates_skipped: torch.Tensor
     rows_nonfinite: torch.Tensor | None
     rows_nonfinite_total: torch.Tensor | None = None
+    rows_unused: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+
+
+class Gradients(NamedTuple):
+    """The differentiated part of a step, whole or accumulated over microbatches.
+
+    Attributes:
+        carry: the carry after ``BEFORE_BACKWARD``, with the whole kept batch.
+        grads: the gradients of the loss (scaled as the loss).
+        loss: the loss, the mean the step differentiated.
+        used: the rows the loss used (inputs and loss finite), ``None`` when every row did.
+        rows: the rows that went through the backward (a host count).
+        tokens: the tokens the loss averaged (0-d ``int64``), ``None`` for a mean over rows.
+    """
+
+    carry: Carry
+    grads: Params
+    loss: torch.Tensor
+    used: torch.Tensor | None
+    rows: int
+    tokens: torch.Tensor | None = None

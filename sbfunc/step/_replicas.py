@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from sbfunc.engine import Carry
+from sbfunc.step._records import Gradients
 from sbfunc.types import Params
 
 __all__ = ["ONE_PROCESS", "OneProcess", "Replicas", "no_rows_here"]
@@ -105,23 +106,20 @@ ONE_PROCESS = OneProcess()
 """The default :class:`Replicas`: one process, no collective."""
 
 
-def no_rows_here(
-    carry: Carry, device: torch.device
-) -> tuple[Carry, Params, torch.Tensor, None, int]:
+def no_rows_here(carry: Carry, device: torch.device) -> Gradients:
     """What a process left with zero rows contributes when the others may have some (a
     ``collective`` step runs on every process): zero gradients, a zero loss, no per-sample
-    losses or outputs, and no row backpropagated (the loss on ``device``). Returns
-    ``(carry, grads, loss, used, rows)`` as :func:`sbfunc.step._microbatch.accumulate` does.
+    losses or outputs, and no row backpropagated (the loss on ``device``): the
+    :class:`~sbfunc.step._records.Gradients` of no row.
 
     Example:
-        >>> from sbfunc.engine import Context
-        >>> from sbfunc.engine import Carry
+        >>> from sbfunc.engine import Carry, Context
         >>> carry = Carry(Context(None, {"w": torch.ones(2)}, {}, ()), (), ())
         >>> no_rows_here(carry, torch.device("cpu"))[1:]
-        ({'w': tensor([0., 0.])}, tensor(0.), None, 0)
+        ({'w': tensor([0., 0.])}, tensor(0.), None, 0, None)
     """
     context = carry.context
     grads = {k: torch.zeros_like(v) for k, v in context.params.items()}
     loss = torch.zeros((), device=device)
     context = context._replace(loss=loss, losses=loss.new_zeros(0), outputs=None)
-    return carry._replace(context=context), grads, loss, None, 0
+    return Gradients(carry._replace(context=context), grads, loss, None, 0)

@@ -20,12 +20,13 @@ the walk-through is ``docs/concepts/step.md``.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._tracing import host_readable
 from sbfunc.batch import batch_size
 from sbfunc.engine import (
     Algorithm,
@@ -52,7 +53,14 @@ from sbfunc.step._guard import NonFinite, NonFiniteGuard, opt_state_on_skip
 from sbfunc.step._means import ObjectiveKind
 from sbfunc.step._microbatch import Microbatching, accumulate
 from sbfunc.step._objective import AUTOCAST, INSIDE_EVENTS, Fire, Objective, Precision
-from sbfunc.step._records import BATCH_EVENTS, Clock, CoreOutputs, StepMetrics, StepPlan
+from sbfunc.step._records import (
+    BATCH_EVENTS,
+    Clock,
+    CoreOutputs,
+    Gradients,
+    StepMetrics,
+    StepPlan,
+)
 from sbfunc.step._replicas import ONE_PROCESS, Replicas, no_rows_here
 from sbfunc.types import LossFn, Params, PerSample
 from sbfunc.validation import check_int
@@ -63,6 +71,7 @@ __all__ = ["BATCH_EVENTS", "NonFinite", "StepMetrics", "StepPlan", "TrainStep"]
 _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's stream id
 _INIT_STREAM = zlib.crc32(b"sbfunc.init") | (1 << 41)
 _BEFORE_FORWARD = BATCH_EVENTS[:4]  # AFTER_DATALOADER ... BEFORE_FORWARD
+_LOSS_EVENTS = (Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
 
 
 class TrainStep(CompilableStep):
@@ -111,13 +120,17 @@ class TrainStep(CompilableStep):
         self.nonfinite = nonfinite
         usable = loss_fn.usable_rows if isinstance(loss_fn, ModuleLoss) else None
         self.guard = NonFiniteGuard(nonfinite, per_sample, usable)
+        # frozen parameters given in buffers: never written by a forward, so never copied,
+        # synchronised or guarded (a frozen base can be most of the model)
+        self.constants = loss_fn.parameter_names() if isinstance(loss_fn, ModuleLoss) else None
         self.keyed_model = keyed_model
         self.planner = Planner(self.algorithms, self.passes, BATCH_EVENTS)
         self.all_events = Planner(self.algorithms, self.passes, tuple(Event))
         self.leaves = self.planner.leaves
         self.objective = Objective(
-            loss_fn, per_sample, nonfinite != "allow", AUTOCAST[precision], objective
-        )
+            loss_fn, per_sample, nonfinite != "allow", AUTOCAST[precision], objective,
+            self.constants or frozenset(),
+        )  # fmt: skip
         self.writes = in_step(staged=isinstance(loss_fn, ModuleLoss))
         self.uses_elapsed = [leaf.label for leaf in self.leaves if leaf.algorithm.uses_elapsed]
 
@@ -143,7 +156,7 @@ class TrainStep(CompilableStep):
         from sbfunc.module import check_state
 
         check_key(key, "key")
-        check_state(self.loss_fn, params, buffers)  # types, names and shapes on the host
+        check_state(self.loss_fn, params, buffers, training=True)  # names, shapes, frozen
         if total_steps is not None:
             total_steps = check_int(total_steps, "total_steps", low=1)
         params, buffers, key = self.replicas.share(params, buffers, key)
@@ -214,37 +227,74 @@ class TrainStep(CompilableStep):
         if n_kept == 0 and not self.replicas.collective:  # no row on any process
             return self._no_update(carry, fire, n_in, skipped, state.time)
         if n_kept == 0:  # no row here, the other processes have some: contribute nothing
-            carry, grads, loss, used, n_bwd = no_rows_here(carry, state.key.device)
+            g = no_rows_here(carry, state.key.device)
         else:
             carry, ok = self.guard.mask(carry)  # a corrupt row costs one row
-            carry, grads, loss, used, n_bwd = self._gradients(plan, carry, fire, ok)
+            g = self._gradients(plan, carry, fire, ok, state.key)
+        carry, grads, loss, used, n_bwd, tokens = g
         grads, loss, apply = self.replicas.mean(grads, loss, n_bwd)
-        buffers = self.replicas.sync_buffers(carry.context.buffers)
+        buffers = carry.context.buffers
+        buffers = _merged(buffers, self.replicas.sync_buffers(self._mutable(buffers)))
         context = carry.context._replace(grads=grads, buffers=buffers)
         carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
         context = carry.context
         grads = grads if context.grads is None else context.grads
         updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
-        new = (apply_updates(context.params, updates), opt_state, context.buffers)
-        old = (context.params, opt_state_on_skip(opt_state, context.opt_state), state.buffers)
+        new = (apply_updates(context.params, updates), opt_state, self._mutable(context.buffers))
+        old = (
+            context.params,
+            opt_state_on_skip(opt_state, context.opt_state),
+            self._mutable(state.buffers),
+        )
         finite, (params, opt_state, buffers) = self.guard.keep(loss, grads, apply, new, old)
+        buffers = _merged(context.buffers, buffers)
         context = context._replace(params=params, opt_state=opt_state, buffers=buffers)
         carry = advance_time(carry._replace(context=context))
         carry = fire(Event.BATCH_END, fire(Event.AFTER_TRAIN_BATCH, carry))
         bad = self._rows_left_out(carry, used, skipped, state.time)
-        return carry, CoreOutputs(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), *bad)
+        unused = None if used is None else (~used).sum()
+        out = CoreOutputs(loss, n_in, n_bwd, ~finite, skipped + (~finite).long(), *bad)
+        return carry, out._replace(rows_unused=unused, tokens=tokens)
 
-    def _firing(self, plan: StepPlan, root: torch.Tensor) -> Fire:
-        """``fire(event, carry)``: apply the algorithms ``plan`` has for ``event``."""
+    def _mutable(self, buffers: Params) -> Params:
+        """The buffers a forward may write (every one but the frozen parameters)."""
+        if not self.constants:
+            return buffers
+        return {k: v for k, v in buffers.items() if k not in self.constants}
+
+    def _firing(
+        self, plan: StepPlan, root: torch.Tensor, only: Callable[[int], bool] | None = None
+    ) -> Fire:
+        """``fire(event, carry)``: apply the algorithms ``plan`` has for ``event`` (those
+        whose leaf index ``only`` accepts, when given)."""
         planner, events, leaves, writes = self.planner, plan.events, self.leaves, self.writes
 
         def fire(event: Event, carry: Carry) -> Carry:
             planned = planner.planned(events, event)
+            if only is not None:
+                planned = tuple(p for p in planned if only(p[0]))
             if not planned:
                 return carry
             return apply_planned(event, planned, carry, leaves, root, writes=writes)
 
         return fire
+
+    def _token_selections(self, plan: StepPlan, root: torch.Tensor) -> tuple[Fire, Fire] | None:
+        """With microbatches and a token selection planned on the loss events: ``(fire without
+        the selections, fire with them alone)`` (:func:`~sbfunc.step._microbatch.accumulate`
+        fires them once on the whole batch); ``None`` otherwise."""
+        if self.microbatching is None:
+            return None
+        selects = {
+            i
+            for e in _LOSS_EVENTS
+            for i, _ in self.planner.planned(plan.events, e)
+            if self.leaves[i].algorithm.selects_tokens
+        }
+        if not selects:
+            return None
+        rest = self._firing(plan, root, lambda i: i not in selects)
+        return rest, self._firing(plan, root, selects.__contains__)
 
     def _start(self, plan: StepPlan, state: TrainState, batch: Any) -> Carry:
         """The carry before the first event: no key until an algorithm is focused, no time
@@ -262,14 +312,19 @@ class TrainStep(CompilableStep):
         return Carry(context, state.algorithm_state, (None,) * len(self.leaves), (), base)
 
     def _gradients(
-        self, plan: StepPlan, carry: Carry, fire: Fire, ok: torch.Tensor | None
-    ) -> tuple[Carry, Params, torch.Tensor, torch.Tensor | None, int]:
+        self,
+        plan: StepPlan,
+        carry: Carry,
+        fire: Fire,
+        ok: torch.Tensor | None,
+        root: torch.Tensor,
+    ) -> Gradients:
         """Forward, loss and gradients of the kept rows, chunk by chunk with microbatching
-        (:func:`~sbfunc.step._microbatch.accumulate`): ``(carry, grads, loss, used, rows)``;
-        with a loss scale, the gradients of the scaled loss, divided by the scale."""
+        (:func:`~sbfunc.step._microbatch.accumulate`); with a loss scale, the gradients of the
+        scaled loss, divided by the scale."""
         inside = any(self.planner.planned(plan.events, e) for e in INSIDE_EVENTS)
         scale = loss_scale(carry.context.opt_state) if self.scales_loss else None
-        carry, grads, loss, used, rows = accumulate(
+        g = accumulate(
             self.objective,
             fire,
             carry,
@@ -279,8 +334,9 @@ class TrainStep(CompilableStep):
             model_key=self._model_key if self.keyed_model else None,
             ok=ok,
             scale=scale,
+            whole=self._token_selections(plan, root),
         )
-        return carry, grads if scale is None else unscale(grads, scale), loss, used, rows
+        return g if scale is None else g._replace(grads=unscale(g.grads, scale))
 
     def _no_update(
         self, carry: Carry, fire: Fire, n_in: int, skipped: torch.Tensor, time: Time
@@ -311,21 +367,21 @@ class TrainStep(CompilableStep):
         with ``nonfinite="raise"`` it reads the skip flag (a device sync)."""
         context = carry.context
         self.guard.check(out, state.time.step, self.replicas)
-        time = state.time.advanced(
-            forwarded=out.samples_backpropagated + context.samples_scored,
-            backpropagated=out.samples_backpropagated,
-        )
+        rows = out.samples_backpropagated  # those that went through the backward
+        trained = rows - _host_count(out.rows_unused)  # less the left-out ones, when free
+        time = state.time.advanced(forwarded=rows + context.samples_scored, backpropagated=trained)
         time = time._replace(
             updates_skipped=out.updates_skipped, rows_nonfinite=out.rows_nonfinite_total
         )
         metrics = StepMetrics(
             out.loss,
             out.samples_in_batch,
-            out.samples_backpropagated,
+            trained,
             out.skipped,
             carry.traces,
             out.rows_nonfinite,
             context.kept,
+            out.tokens,
         )
         new = TrainState(
             context.params,
@@ -336,3 +392,16 @@ class TrainStep(CompilableStep):
             time,
         )
         return new, metrics
+
+
+def _merged(buffers: Params, part: Params) -> Params:
+    """``buffers`` with the entries of ``part`` (a subset of its names) replaced, in order."""
+    if part is buffers or len(part) == len(buffers):
+        return part
+    return {k: part.get(k, v) for k, v in buffers.items()}
+
+
+def _host_count(count: torch.Tensor | None) -> int:
+    """A device count as a Python int where reading it costs no sync (on the CPU, outside a
+    trace), else 0."""
+    return 0 if count is None or not host_readable(count) else int(count)

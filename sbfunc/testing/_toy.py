@@ -44,6 +44,7 @@ class Toy(Algorithm):
         find_unused_parameters: the declared flag, for this instance.
         interpolate_loss: the declared flag, for this instance.
         selects_samples: the declared flag, for this instance.
+        selects_tokens: the declared flag, for this instance.
         fuses_layernorm: the declared flag, for this instance.
         changes_sequence_length: the declared flag, for this instance.
 
@@ -73,6 +74,7 @@ class Toy(Algorithm):
         find_unused_parameters: bool = False,
         interpolate_loss: bool = False,
         selects_samples: bool = False,
+        selects_tokens: bool = False,
         fuses_layernorm: bool = False,
         changes_sequence_length: bool = False,
     ) -> None:
@@ -87,6 +89,7 @@ class Toy(Algorithm):
         self.find_unused_parameters = find_unused_parameters
         self.interpolate_loss = interpolate_loss
         self.selects_samples = selects_samples
+        self.selects_tokens = selects_tokens
         self.fuses_layernorm = fuses_layernorm
         self.changes_sequence_length = changes_sequence_length
 
@@ -105,6 +108,7 @@ class Toy(Algorithm):
             f
             for f in (
                 "selects_samples",
+                "selects_tokens",
                 "fuses_layernorm",
                 "interpolate_loss",
                 "changes_sequence_length",

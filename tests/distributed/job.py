@@ -149,6 +149,26 @@ def tokens(comm: sbdist.Comm) -> dict[str, Any]:
     return {"params": state.params, "loss": metrics.loss}
 
 
+def frozen(comm: sbdist.Comm) -> dict[str, Any]:
+    """A causal LM whose blocks and embeddings are frozen, trained with token selection and
+    ``buffers="mean"`` (issue 40, item 1): the frozen tensors after two steps, and the bytes
+    each purpose moved (a frozen parameter is never synchronised as a buffer)."""
+    loss_fn, _, _ = common.token_model()
+    for name, p in loss_fn.module.named_parameters():
+        p.requires_grad_(name.startswith("ln_f."))
+    meter = sbdist.TrafficMeter()
+    step = sbdist.make_data_parallel_step(
+        loss_fn, sbfunc.optim.adamw(1e-2, weight_decay=0.1), [common.token_selection()],
+        comm=sbdist.Comm(comm.group, meter=meter), buffers="mean",
+    )  # fmt: skip
+    state = step.init(*sbfunc.split_module(loss_fn.module, clone=True), key=common.KEY)
+    meter.reset()  # the init broadcast is not part of a step
+    after = state
+    for _ in range(2):
+        after, _ = step(after, common.token_batch(comm.rank))
+    return {"before": state.buffers, "after": after.buffers, "traffic": meter.totals()}
+
+
 CHECKS = {
     "nonfinite": lambda comm, out: nonfinite(comm),
     "scenarios": lambda comm, out: scenario_runs(comm),
@@ -156,6 +176,7 @@ CHECKS = {
     "resume": resume,
     "compiled": lambda comm, out: compiled(comm),
     "tokens": lambda comm, out: tokens(comm),
+    "frozen": lambda comm, out: frozen(comm),
 }
 
 

@@ -21,7 +21,9 @@ TIMEOUT_S = 300  # the checks take seconds; this only stops a hung run
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("ranks")
     return job.launch(
-        ["scenarios", "traffic", "resume", "nonfinite", "tokens"], out, timeout_s=TIMEOUT_S
+        ["scenarios", "traffic", "resume", "nonfinite", "tokens", "frozen"],
+        out,
+        timeout_s=TIMEOUT_S,
     )
 
 
@@ -121,3 +123,13 @@ def test_token_selection_selects_on_each_rank_and_averages_the_ranks_updates(ran
         for k, v in expected.items():
             torch.testing.assert_close(results["tokens"]["params"][k], v, rtol=1e-5, atol=1e-6)
         assert not torch.equal(results["tokens"]["params"]["wte.weight"], params["wte.weight"])
+
+
+def test_frozen_parameters_stay_frozen_and_are_never_synchronised(ranks):
+    """Issue 40, item 1: a frozen parameter, given in the buffers, neither changes nor travels
+    as a buffer (the model has no other buffer: nothing of purpose "buffers" moves)."""
+    for results in ranks:
+        frozen = results["frozen"]
+        for name, before in frozen["before"].items():
+            assert torch.equal(before, frozen["after"][name]), name
+        assert "buffers" not in frozen["traffic"]
