@@ -22,7 +22,7 @@ from sbfunc.optim._base import (
     zero_count,
 )
 from sbfunc.optim._checks import check_dtype
-from sbfunc.optim._finite import negative_zeros
+from sbfunc.optim._finite import negative_zeros, skipped_updates
 from sbfunc.optim._masking import check_transformation
 from sbfunc.optim._skip import ShouldSkipUpdateFn, check_skip_flag
 from sbfunc.types import Params
@@ -91,7 +91,8 @@ class _MultiSteps(TransformRecord):
             like = (
                 cast_like(updates, state.acc_grads) if self.accumulator_dtype is None else updates
             )
-            return negative_zeros(like), state._replace(skip_state=skip_state)
+            out = skipped_updates(self, self.inner, like, state.inner_state, params)
+            return out, state._replace(skip_state=skip_state)
         out, new = self.accumulate(updates, state, params)
         if host is None:
             out = {k: torch.where(skip, -0.0, u) for k, u in out.items()}
@@ -110,10 +111,10 @@ class _MultiSteps(TransformRecord):
         stored = narrowed(kept, acc)
         emit = state.mini_step == self.every_k - 1
         host = host_flag(emit)
-        if host is False:  # eagerly on the CPU: no inner update to compute
-            return negative_zeros(updates), state._replace(
-                mini_step=state.mini_step + 1, acc_grads=stored
-            )
+        if host is False:  # eagerly on the CPU: no inner update to compute (``updates`` has
+            # the dtypes of the inner update's input, for the dtypes of its output)
+            out = skipped_updates(self, self.inner, updates, state.inner_state, params)
+            return out, state._replace(mini_step=state.mini_step + 1, acc_grads=stored)
         grads = acc
         if self.use_mean and self.every_k > 1:
             grads = by_group(lambda a: (list(torch._foreach_div(a, self.every_k)),), acc)[0]
@@ -157,7 +158,9 @@ def multi_steps(
     accumulations (a caller whose number of chunks changes from batch to batch may build one per
     count). No host sync: on an accelerator or under ``torch.compile`` the inner update is
     computed at every call and ``torch.where`` selects; eagerly on the CPU it runs only at
-    call ``k``.
+    call ``k`` (and once more for each new layout of dtypes, to learn its updates' dtypes).
+    Every call returns updates in the dtype of ``inner``'s updates, as optax's (Adam with
+    ``mu_dtype=torch.float32`` updates float16 parameters in float32).
 
     Wrap the guard inside (``multi_steps(apply_if_finite(opt), k)``) to skip a whole
     accumulation whose gradient is not finite; ``should_skip_update_fn=skip_not_finite``

@@ -18,6 +18,7 @@ __all__ = [
     "HIDDEN_UNSET",
     "EmptyState",
     "GradientTransformation",
+    "Held",
     "Scalar",
     "TransformRecord",
     "apply_updates",
@@ -25,6 +26,7 @@ __all__ = [
     "cast_like",
     "chain",
     "check_grads",
+    "counted",
     "hyperparam_at",
     "is_zero",
     "kept_in",
@@ -272,10 +274,47 @@ def narrowed(dtype: torch.dtype | None, tree: Params) -> Params:
     return tree if dtype is None else {k: t.to(dtype) for k, t in tree.items()}
 
 
-def hyperparam_at(value: float | Callable[..., Any], count: torch.Tensor) -> Scalar:
+class Held:
+    """A hyperparameter read from a state (:func:`~sbfunc.optim.inject_hyperparams`): a number
+    held in a 0-d tensor. Callable like a schedule (its value at any count), so it passes where
+    schedules do, but it adds no step count to a state: a transformation built with it has the
+    state of the one built with the number, as optax's ``inject_hyperparams`` builds its inner
+    optimizer with plain values."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: torch.Tensor) -> None:
+        self.value = value
+
+    def __call__(self, count: Any = None) -> torch.Tensor:
+        return self.value
+
+    def leaves_out(self) -> bool:
+        """Whether the transformation leaves out the part that would read this value (what
+        :func:`is_zero` answers): never for a held value."""
+        return False
+
+    def __repr__(self) -> str:
+        return "<injected>"
+
+
+def counted(*values: Any) -> bool:
+    """Whether a transformation with these hyperparameters keeps a step count: one of them is
+    a schedule (a :class:`Held` value is a number)."""
+    return any(callable(v) and not isinstance(v, Held) for v in values)
+
+
+def hyperparam_at(value: float | Callable[..., Any], count: torch.Tensor | None) -> Scalar:
     """A hyperparameter's value at ``count``: a float stays, a schedule is evaluated to a 0-d
-    float64 tensor on the count's device (tensor ops only, no host sync)."""
-    return value_at(value, count) if callable(value) else value
+    float64 tensor on the count's device (tensor ops only, no host sync), a :class:`Held`
+    value is its tensor in float64 (``count`` may then be ``None``)."""
+    if isinstance(value, Held):
+        return value.value.to(torch.float64)
+    if not callable(value):
+        return value
+    if count is None:  # (a transformation whose state has no count: a bug of its own)
+        raise RuntimeError("a scheduled hyperparameter needs the state's step count")
+    return value_at(value, count)
 
 
 def check_grads(grads: Any, params: Any) -> None:
@@ -354,6 +393,9 @@ def scalar_like(value: Scalar | None, like: torch.Tensor) -> Scalar | None:
     return value
 
 
-def is_zero(value: Scalar) -> bool:
-    """Whether a hyperparameter is the float 0 (a scheduled one never is, statically)."""
-    return not isinstance(value, torch.Tensor) and value == 0
+def is_zero(value: Any) -> bool:
+    """Whether a hyperparameter is the float 0, so that the part that reads it is left out (a
+    scheduled one never is, statically; a :class:`Held` one answers itself)."""
+    if isinstance(value, Held):
+        return value.leaves_out()
+    return not isinstance(value, torch.Tensor) and not callable(value) and value == 0

@@ -4,6 +4,7 @@ check and the leafwise select it uses live in :mod:`sbfunc._finite`)."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -13,7 +14,6 @@ from sbfunc._tracing import host_flag
 from sbfunc.optim._base import (
     GradientTransformation,
     TransformRecord,
-    cast_like,
     zero_count,
 )
 from sbfunc.types import Params
@@ -23,6 +23,7 @@ __all__ = [
     "ApplyIfFiniteState",
     "apply_if_finite",
     "negative_zeros",
+    "skipped_updates",
     "update_if",
 ]
 
@@ -30,6 +31,42 @@ __all__ = [
 def negative_zeros(updates: Params) -> Params:
     """``-0.0`` like every update: the update that leaves every parameter bit for bit."""
     return {k: torch.full_like(u, -0.0) for k, u in updates.items()}
+
+
+# The dtypes of the inner updates of the wrappers' skipped calls, by the wrapper's record and
+# the layout of dtypes: a memo beside the records, which stay as built (entries go with them).
+_SKIPPED: dict[int, dict[tuple[Any, ...], dict[str, torch.dtype]]] = {}
+
+
+def skipped_updates(
+    owner: object,
+    inner: GradientTransformation,
+    updates: Params,
+    state: Any,
+    params: Params | None,
+) -> Params:
+    """``-0.0`` like ``updates``, in the dtypes of ``inner.update(updates, state, params)``:
+    the updates of a call of the wrapper ``owner`` that skips its inner transformation, in one
+    dtype with its other calls' (optax: ``jax.eval_shape`` of the skipped update; Adam with
+    ``mu_dtype=torch.float32`` updates float16 parameters in float32). The inner update runs
+    once per layout of dtypes (the updates' and the parameters', which fix the state's at
+    ``init``), remembered."""
+    memo = _SKIPPED.get(id(owner))
+    if memo is None:
+        memo = _SKIPPED[id(owner)] = {}
+        weakref.finalize(owner, _SKIPPED.pop, id(owner), None)
+    key = (
+        tuple((k, u.dtype) for k, u in updates.items()),
+        None if params is None else tuple(p.dtype for p in params.values()),
+    )
+    dtypes = memo.get(key)
+    if dtypes is None:
+        if len(memo) >= 16:  # (bounded: layouts hardly change)
+            memo.clear()
+        out, _ = inner.update(updates, state, params)
+        dtypes = memo[key] = {k: u.dtype for k, u in out.items()}
+    zeros = negative_zeros(updates)
+    return {k: z if z.dtype == dtypes[k] else z.to(dtypes[k]) for k, z in zeros.items()}
 
 
 class ApplyIfFiniteState(NamedTuple):
@@ -76,7 +113,7 @@ class _ApplyIfFinite(TransformRecord):
         apply = finite
         if self.max_consecutive_errors is not None:
             apply = finite | (count > self.max_consecutive_errors)
-        out, inner = update_if(apply, self.inner, updates, state.inner_state, params)
+        out, inner = update_if(apply, self.inner, updates, state.inner_state, params, owner=self)
         return out, ApplyIfFiniteState(count, finite, state.total_notfinite + notfinite, inner)
 
 
@@ -86,19 +123,22 @@ def update_if(
     updates: Params,
     state: Any,
     params: Params | None,
+    *,
+    owner: object,
 ) -> tuple[Params, Any]:
     """``inner.update(updates, state, params)`` where the 0-d bool ``apply`` holds, else
-    ``-0.0`` updates (in the parameters' dtype) and ``state`` unchanged; no host sync (the
-    shared core of :func:`apply_if_finite` and :func:`~sbfunc.optim.dynamic_loss_scale`).
+    ``-0.0`` updates (in the dtypes of the inner update's) and ``state`` unchanged; no host
+    sync (the shared core of :func:`apply_if_finite` and
+    :func:`~sbfunc.optim.dynamic_loss_scale`).
 
-    Eagerly on the CPU the flag is read and a skipped update does no work; on an accelerator
-    or under ``torch.compile`` the inner update always runs and ``torch.where`` selects.
+    Eagerly on the CPU the flag is read and a skipped update does no work (but to find its
+    dtypes once per layout: :func:`skipped_updates` of the wrapper ``owner``); on an
+    accelerator or under ``torch.compile`` the inner update always runs and ``torch.where``
+    selects.
     """
     host = host_flag(apply)
-    if host is False:  # eagerly on the CPU: skip the inner update altogether (its updates
-        # would come in the parameters' dtype)
-        like = updates if params is None else cast_like(updates, params)
-        return negative_zeros(like), state
+    if host is False:  # eagerly on the CPU: skip the inner update altogether
+        return skipped_updates(owner, inner, updates, state, params), state
     out, new = inner.update(updates, state, params)
     if host is None:
         out = {k: torch.where(apply, u, -0.0) for k, u in out.items()}
@@ -114,9 +154,10 @@ def apply_if_finite(
     The check covers the incoming updates (the gradients, when this wraps the whole chain) in
     one fused kernel per device (:func:`all_finite`) and never syncs with the host: on an
     accelerator or under ``torch.compile`` the inner update always runs and ``torch.where``
-    selects, eagerly on the CPU the flag is read and a skipped update does no work. A ``-0.0``
-    update leaves the parameters bit for bit under :func:`apply_updates`. Skips are counted in
-    the state (``last_finite`` is the flag a training step reports).
+    selects, eagerly on the CPU the flag is read and a skipped update does no work (but for
+    one run per layout of dtypes: a skipped update comes in the dtype of ``inner``'s, as
+    optax's). A ``-0.0`` update leaves the parameters bit for bit under :func:`apply_updates`.
+    Skips are counted in the state (``last_finite`` is the flag a training step reports).
 
     Args:
         inner: the transformation to guard.

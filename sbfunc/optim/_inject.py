@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc.optim._base import GradientTransformation, TransformRecord, zero_count
+from sbfunc.optim._base import GradientTransformation, Held, TransformRecord, zero_count
 from sbfunc.optim._checks import call_repr, check_dtype
 from sbfunc.optim._schedules import value_at
 from sbfunc.types import Params
@@ -29,15 +29,19 @@ class InjectHyperparamsState(NamedTuple):
         count: 0-d int64 tensor, the updates made (the schedules' step count).
         hyperparams: ``{name: 0-d tensor}``, the injected hyperparameters: a number's current
             value (replace it to change the next updates) and a schedule's value at the last
-            update (at ``init``: at step 0; replacing it has no effect).
-        inner_state: the state of the optimizer the factory builds.
+            update (at ``init``: at step 0; replacing it has no effect). A number 0 whose part
+            the optimizer leaves out (``weight_decay=0``) is not among them.
+        inner_state: the state of the optimizer the factory builds: the structure of the
+            plain optimizer built with the same numbers (optax's).
 
     Example:
         >>> from sbfunc import optim
-        >>> opt = optim.inject_hyperparams(optim.sgd)(learning_rate=0.1)
-        >>> hyperparams = opt.init({"w": torch.ones(1)}).hyperparams
-        >>> hyperparams["learning_rate"], list(hyperparams)
-        (tensor(0.1000, dtype=torch.float64), ['learning_rate', 'weight_decay'])
+        >>> opt = optim.inject_hyperparams(optim.sgd)(learning_rate=0.1, momentum=0.9)
+        >>> state = opt.init({"w": torch.ones(1)})
+        >>> state.hyperparams
+        {'learning_rate': tensor(0.1000, dtype=torch.float64)}
+        >>> state.inner_state  # sgd(0.1, momentum=0.9)'s: trace, then the learning rate
+        (TraceState(count=tensor(0), momentum_buffer={'w': tensor([0.])}), EmptyState())
 
     References:
         DeepMind optax ``InjectHyperparamsState``.
@@ -48,20 +52,36 @@ class InjectHyperparamsState(NamedTuple):
     inner_state: Any
 
 
-class _Held:
-    """A hyperparameter's value as the schedule the factory takes: constant, read from the
-    state."""
+class _ZeroProbe(Held):
+    """A number 0 at construction: answers :func:`~sbfunc.optim._base.is_zero` as the number
+    would and records that the factory asked (the factory then leaves that part out, as the
+    plain optimizer does: the argument stays fixed)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("asked",)
 
-    def __init__(self, value: torch.Tensor) -> None:
-        self.value = value
+    def __init__(self) -> None:
+        super().__init__(torch.zeros((), dtype=torch.float64))
+        self.asked = False
 
-    def __call__(self, count: Any) -> torch.Tensor:
-        return self.value
+    def leaves_out(self) -> bool:
+        self.asked = True
+        return True
 
-    def __repr__(self) -> str:
-        return "<injected>"
+
+def _left_out(factory: Callable[..., Any], parts: Mapping[str, Mapping[str, Any]]) -> set[str]:
+    """The numbers given as 0 whose part the factory leaves out (sbfunc's ``weight_decay=0``),
+    found by building it once as :meth:`_Inject.build` does, with each such 0 a probe."""
+    numbers = parts["numbers"]
+    probes = {
+        k: _ZeroProbe() for k, v in numbers.items() if not isinstance(v, torch.Tensor) and v == 0
+    }
+    if not probes:
+        return set()
+    zero = torch.zeros((), dtype=torch.int64)
+    held = {k: Held(torch.as_tensor(v, dtype=torch.float64)) for k, v in numbers.items()}
+    held.update({k: Held(value_at(s, zero)) for k, s in parts["schedules"].items()})
+    factory(**parts["fixed"], **{**held, **probes})
+    return {k for k, probe in probes.items() if probe.asked}
 
 
 def _mentions_callable(hint: Any) -> bool:
@@ -110,7 +130,7 @@ class _Inject(TransformRecord):
         return out
 
     def build(self, values: Mapping[str, torch.Tensor]) -> GradientTransformation:
-        return self.factory(**self.fixed, **{k: _Held(v) for k, v in values.items()})
+        return self.factory(**self.fixed, **{k: Held(v) for k, v in values.items()})
 
     def init(self, params: Params) -> InjectHyperparamsState:
         count = zero_count(params)
@@ -120,10 +140,23 @@ class _Inject(TransformRecord):
     def update(
         self, updates: Params, state: InjectHyperparamsState, params: Params | None = None
     ) -> tuple[Params, InjectHyperparamsState]:
+        self.check_names(state.hyperparams)
         numbers = {k: state.hyperparams[k] for k in self.numbers}
         values = self.values(numbers, state.count)
         out, inner = self.build(values).update(updates, state.inner_state, params)
         return out, InjectHyperparamsState(state.count + 1, values, inner)
+
+    def check_names(self, hyperparams: Mapping[str, Any]) -> None:
+        """Raise unless ``hyperparams`` has the injected names (a name added to the state
+        would be read by nothing)."""
+        names = {*self.numbers, *self.schedules}
+        if set(hyperparams) != names:
+            raise ValueError(
+                f"state.hyperparams of {self.call} must have the names {sorted(names)}, got "
+                f"{sorted(hyperparams)}: an argument given as 0 where the factory leaves its "
+                "part out (weight_decay=0) stays fixed; build with a nonzero value, a 0-d tensor "
+                "or a schedule to change it in the state"
+            )
 
     def __repr__(self) -> str:
         return self.call
@@ -181,6 +214,15 @@ def inject_hyperparams(
     :func:`sbfunc.schedule_hyperparams` (sbfunc 0.3's ``inject_hyperparams``), which
     schedules an *algorithm's* hyperparameters by the fraction of training.
 
+    As optax's, the inner state has the structure of the plain optimizer's built with the
+    same numbers (``inner_state`` of ``inject_hyperparams(adam)(0.1)`` is a
+    :class:`ScaleByAdamState`, as ``adam(0.1).init``'s): a value from the state adds no step
+    count, and a number 0 for which the factory leaves its part out (sbfunc's
+    ``weight_decay=0``, where optax's optimizers keep a stateless part) stays fixed, out of
+    ``hyperparams``; give it as a 0-d tensor (``torch.tensor(0.0)``) or a schedule to change
+    it in the state. A schedule's inner state is the one built with its values (no count),
+    as in optax.
+
     Args:
         inner_factory: ``(**hyperparameters) -> GradientTransformation``, such as
             :func:`sgd`, :func:`adam` or :func:`scale`; called with keywords.
@@ -195,7 +237,8 @@ def inject_hyperparams(
         TypeError: if ``inner_factory`` is not callable or ``hyperparam_dtype`` is not a
             floating dtype; when called, a schedule for an argument the factory takes only as
             a number, or the factory's own errors for the initial values.
-        ValueError: if ``static_args`` names an argument ``inner_factory`` does not have.
+        ValueError: if ``static_args`` names an argument ``inner_factory`` does not have; at
+            ``update``, a state whose ``hyperparams`` has other names than the injected ones.
 
     Example:
         >>> from sbfunc import optim
@@ -236,8 +279,10 @@ def inject_hyperparams(
             else:
                 parts["numbers" if _is_number(value) else "fixed"][name] = value
         # the factory's own checks of the initial values (a tensor's stay unread)
-        held = {k: _Held(v) for k, v in parts["numbers"].items() if isinstance(v, torch.Tensor)}
+        held = {k: Held(v) for k, v in parts["numbers"].items() if isinstance(v, torch.Tensor)}
         inner_factory(**{**arguments, **held})
+        for name in _left_out(inner_factory, parts):
+            parts["fixed"][name] = parts["numbers"].pop(name)
         return _Inject(
             name="inject_hyperparams", factory=inner_factory, dtype=dtype, call=call, **parts
         ).transformation()

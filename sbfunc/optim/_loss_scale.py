@@ -73,7 +73,7 @@ class _DynamicLossScale(TransformRecord):
         self, updates: Params, state: LossScaleState, params: Params | None = None
     ) -> tuple[Params, LossScaleState]:
         finite = all_finite(updates.values()).to(state.scale.device)
-        out, inner = update_if(finite, self.inner, updates, state.inner, params)
+        out, inner = update_if(finite, self.inner, updates, state.inner, params, owner=self)
         scale, good = self.next_scale(finite, state)
         return out, LossScaleState(scale, good, inner)
 

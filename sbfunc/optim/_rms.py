@@ -65,11 +65,11 @@ class _ScaleByRms(TransformRecord):
         return ScaleByRmsState(zero_count(params), nu)
 
     def correction(self, count: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        """``1 - decay ** (count + 1)`` as optax computes it: in float32 (float64 for float64
-        moments), then in the moments' dtype."""
-        dtype = torch.float64 if like.dtype == torch.float64 else torch.float32
-        t = (count + 1).to(dtype)
-        return scalar_like(1 - torch.pow(torch.tensor(self.decay, dtype=dtype), t), like)  # type: ignore[return-value]
+        """``1 - decay ** (count + 1)`` in float64, as :func:`scale_by_adam` computes its bias
+        corrections (torch's), then in the moments' dtype: in float32, ``0.999`` is
+        ``0.99900001`` and ``1 - 0.999`` 1.3e-5 off (optax's, under JAX's default)."""
+        t = (count + 1).to(torch.float64)
+        return scalar_like(1 - torch.pow(self.decay, t), like)  # type: ignore[return-value]
 
     def update(
         self, updates: Params, state: ScaleByRmsState, params: Params | None = None
@@ -110,12 +110,15 @@ def scale_by_rms(
     Per update ``t`` (from 1): ``nu = (1 - decay) * g**2 + decay * nu`` (``nu`` starts at
     ``initial_scale``); with ``bias_correction``, ``nu_hat = nu / (1 - decay**t)``, else
     ``nu_hat = nu``; the update is ``g * rsqrt(nu_hat + eps)`` (``eps_in_sqrt``) or
-    ``g / (sqrt(nu_hat) + eps)``. optax's definition, term by term in its order; the bias
-    correction is computed as JAX computes it by default (in float32, float64 for float64
-    moments). Values agree with optax's to a few ulps, not bit for bit: XLA's ``rsqrt`` and
-    ``pow`` round differently from torch's. ``scale_by_rms(b2, eps, eps_in_sqrt=False,
-    bias_correction=True)`` is :func:`scale_by_adam` with ``b1=0`` without storing a first
-    moment. Gradients of another dtype are cast to the moments' (the parameters') dtype.
+    ``g / (sqrt(nu_hat) + eps)``. optax's definition, term by term in its order. Values agree
+    with optax's to a few ulps, not bit for bit (XLA's ``rsqrt`` and ``pow`` round differently
+    from torch's), except that the bias correction is computed in float64, as
+    :func:`scale_by_adam`'s (torch's), where JAX computes it in float32: there ``1 - 0.999`` is
+    1.3e-5 off, so with ``decay=0.999`` optax's updates are up to 7e-6 from these. So
+    ``scale_by_rms(b2, eps, eps_in_sqrt=False, bias_correction=True)`` is
+    :func:`scale_by_adam` with ``b1=0`` (within a few float32 ulps) without storing a first
+    moment, as in optax. Gradients of another dtype are cast to the moments' (the parameters')
+    dtype.
 
     Args:
         decay: the decay of the average, in ``[0, 1)``.

@@ -17,6 +17,7 @@ from sbfunc.optim._base import (
     Scalar,
     TransformRecord,
     by_group,
+    counted,
     hyperparam_at,
     need_params,
     scalar_like,
@@ -65,7 +66,7 @@ class ScaleByScheduleState(NamedTuple):
 def _count_state(*values: Any) -> Callable[[Params], Any]:
     """``init`` of a transformation whose hyperparameters are ``values``: a step count when
     one is a schedule, else :class:`EmptyState`."""
-    if any(callable(v) for v in values):
+    if counted(*values):
         return lambda params: ScaleByScheduleState(zero_count(params))
     return lambda params: EmptyState()
 
@@ -117,7 +118,7 @@ class _Scale(TransformRecord):
     def update(
         self, updates: Params, state: Any, params: Params | None = None
     ) -> tuple[Params, Any]:
-        factor = hyperparam_at(self.step_size, getattr(state, "count", None))  # type: ignore[arg-type]
+        factor = hyperparam_at(self.step_size, getattr(state, "count", None))
         return by_group(lambda u: (times(u, factor),), updates)[0], _next(state)
 
 
@@ -159,12 +160,9 @@ class _ScaleByLearningRate(TransformRecord):
     def update(
         self, updates: Params, state: Any, params: Params | None = None
     ) -> tuple[Params, Any]:
-        lr = self.learning_rate
-        if callable(lr):
-            value = value_at(lr, state.count)
-            factor: Scalar = value.neg() if self.flip_sign else value
-        else:
-            factor = -lr if self.flip_sign else lr
+        factor = hyperparam_at(self.learning_rate, getattr(state, "count", None))
+        if self.flip_sign:
+            factor = -factor
         return by_group(lambda u: (times(u, factor),), updates)[0], _next(state)
 
 
@@ -215,7 +213,7 @@ class _AddDecayedWeights(TransformRecord):
         self, updates: Params, state: Any, params: Params | None = None
     ) -> tuple[Params, Any]:
         p = need_params(params, "add_decayed_weights")
-        wd = hyperparam_at(self.weight_decay, getattr(state, "count", None))  # type: ignore[arg-type]
+        wd = hyperparam_at(self.weight_decay, getattr(state, "count", None))
         return by_group(lambda u, x: (_plus(u, x, wd),), updates, p)[0], _next(state)
 
 
@@ -277,8 +275,8 @@ class _DecoupledWeightDecay(TransformRecord):
     ) -> tuple[Params, Any]:
         p = need_params(params, "decoupled_weight_decay")
         count = getattr(state, "count", None)
-        lr = hyperparam_at(self.learning_rate, count)  # type: ignore[arg-type]
-        wd = hyperparam_at(self.weight_decay, count)  # type: ignore[arg-type]
+        lr = hyperparam_at(self.learning_rate, count)
+        wd = hyperparam_at(self.weight_decay, count)
         factor = 1 - (lr / self.initial_lr) * wd  # torch's and Composer's parameter factor
 
         def decay(u: list[torch.Tensor], x: list[torch.Tensor]) -> tuple[list[torch.Tensor]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import optree
 import torch
 from torch import nn
 
@@ -109,9 +110,11 @@ def assert_steps_identical(
     grads: list[Params],
     *,
     state_of: Callable[[Any], Any] | None = None,
+    ref_state_of: Callable[[Any], Any] = lambda s: s,
 ) -> None:
     """``opt`` and ``ref`` run side by side over ``grads``: the parameters bit for bit after
-    every step, and so ``state_of(opt's state)`` and ``ref``'s state when given."""
+    every step, and so ``state_of(opt's state)`` and ``ref_state_of(ref's state)`` when
+    ``state_of`` is given."""
     p, s, p_ref, s_ref = params, opt.init(params), params, ref.init(params)
     for g in grads:
         u, s = opt.update(g, s, p)
@@ -119,4 +122,16 @@ def assert_steps_identical(
         p, p_ref = optim.apply_updates(p, u), optim.apply_updates(p_ref, u_ref)
         assert_identical(p, p_ref)
         if state_of is not None:
-            assert_identical(state_of(s), s_ref)
+            assert_identical(state_of(s), ref_state_of(s_ref))
+
+
+def assert_trees_all_close(
+    actual: Any, desired: Any, *, rtol: float = 1e-6, atol: float = 0.0
+) -> None:
+    """optax's ``test_utils.assert_trees_all_close``: the same tree structure (NamedTuple
+    types included), every tensor within ``rtol`` and ``atol`` (the dtypes free)."""
+    flat_a, spec_a = optree.tree_flatten(actual, none_is_leaf=True)
+    flat_d, spec_d = optree.tree_flatten(desired, none_is_leaf=True)
+    assert spec_a == spec_d, f"trees have different structures:\n{spec_a}\n{spec_d}"
+    for a, d in zip(flat_a, flat_d, strict=True):
+        torch.testing.assert_close(a, d, rtol=rtol, atol=atol, check_dtype=False)

@@ -1,9 +1,11 @@
 """multi_steps: k chunks' gradients accumulated make one inner update on their mean (or sum),
 with the parameters and inner state untouched in between, on both the eager branch and the
-``torch.where`` path."""
+``torch.where`` path; optax's mixed-precision case (every call returns the inner update's
+dtype)."""
 
 from unittest import mock
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,3 +91,50 @@ def test_every_k_is_not_in_the_state():
     for _ in range(3):
         updates, state = three.update({"w": torch.ones(2)}, state)
     assert torch.equal(updates["w"], torch.full((2,), -1.0)) and int(state.gradient_step) == 2
+
+
+# optax _accumulation_test.OPTIMIZERS_TO_TEST
+MIXED_PRECISION = {
+    "adam": {"learning_rate": 0.1},
+    "adam-mu_dtype": {"learning_rate": 0.1, "mu_dtype": torch.float32},
+}
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _dense_grads(params):
+    """optax's ``Loss``: ``sum(Dense(10)(ones(32, 7)) ** 2)`` computed in float32 (flax's
+    ``dtype``), its gradient in the parameters' dtype."""
+    x = torch.ones(32, 7)
+    y = x @ params["kernel"].float() + params["bias"].float()
+    grads = {"kernel": x.T @ (2 * y), "bias": (2 * y).sum(0)}
+    return {k: g.to(params[k].dtype) for k, g in grads.items()}
+
+
+@pytest.mark.parametrize("compiled_path", [False, True], ids=["eager", "where"])
+@pytest.mark.parametrize("name", sorted(MIXED_PRECISION))
+def test_multi_steps_mixed_precision(name, compiled_path):
+    # optax _accumulation_test.test_multi_steps_mixed_precision: k=4, k+1 steps for every
+    # (gradient, parameter) dtype pair; each call's updates in the dtype of the plain
+    # optimizer's updates, the parameters' dtype kept (1.1, eagerly: Adam with
+    # mu_dtype=float32 returned float16/bfloat16 on the accumulating calls, float32 on the kth)
+    k_steps = 4
+    path = (lambda flag: None) if compiled_path else host_flag
+    with mock.patch("sbfunc.optim._accumulate.host_flag", path):
+        for upd_dtype in FLOATS:
+            for param_dtype in FLOATS:
+                opt = optim.adam(**MIXED_PRECISION[name])
+                ms_opt = optim.multi_steps(optim.adam(**MIXED_PRECISION[name]), k_steps)
+                torch.manual_seed(0)
+                params = {"kernel": torch.randn(7, 10) / 7**0.5, "bias": torch.zeros(10)}
+                params = {k: p.to(param_dtype) for k, p in params.items()}
+                opt_state, ms_opt_state = opt.init(params), ms_opt.init(params)
+                for _ in range(k_steps + 1):
+                    grad = {k: g.to(upd_dtype) for k, g in _dense_grads(params).items()}
+                    updates, opt_state = opt.update(grad, opt_state, params)
+                    ms_updates, ms_opt_state = ms_opt.update(grad, ms_opt_state, params)
+                    assert {k: u.dtype for k, u in updates.items()} == {
+                        k: u.dtype for k, u in ms_updates.items()
+                    }, (upd_dtype, param_dtype)
+                    new_params = optim.apply_updates(params, ms_updates)
+                    assert all(new_params[k].dtype == p.dtype for k, p in params.items())
+                    params = new_params

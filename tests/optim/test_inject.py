@@ -1,6 +1,8 @@
 """inject_hyperparams: optax's schedules/_inject_test cases ported to sbfunc (where sbfunc's
-transformations take the hyperparameter as a schedule), the law that constant hyperparameters
-give the plain optimizer bit for bit, and a compiled update that compiles once."""
+transformations take the hyperparameter as a schedule), optax's alias_test case that the
+wrapped optimizer's state has the plain one's structure, the law that constant
+hyperparameters give the plain optimizer bit for bit, and a compiled update that compiles
+once."""
 
 import functools
 
@@ -12,7 +14,12 @@ from torch._dynamo.utils import counters
 
 import sbfunc
 from sbfunc import optim
-from tests.optim.helpers import assert_steps_identical, grad_sequence, model_params
+from tests.optim.helpers import (
+    assert_steps_identical,
+    assert_trees_all_close,
+    grad_sequence,
+    model_params,
+)
 
 SETTINGS = settings(max_examples=20, derandomize=True, database=None, deadline=None)
 
@@ -193,6 +200,83 @@ OPTIMIZERS = {  # (unannotated **kw: injected, as optax injects every number)
 }
 
 
+# optax alias_test._OPTIMIZERS_UNDER_TEST, the optimizers sbfunc has (optax's amsgrad is
+# sbfunc's adam(amsgrad=True); sbfunc's adamw keeps torch's default weight decay)
+ALIAS_CASES = {
+    "adam": (optim.adam, {"learning_rate": 1e-1}),
+    "adamw": (optim.adamw, {"learning_rate": 1e-1}),
+    "amsgrad": (optim.adam, {"learning_rate": 1e-1, "amsgrad": True}),
+    "sgd": (optim.sgd, {"learning_rate": 1e-3, "momentum": 0.9}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALIAS_CASES))
+def test_optimizers_can_be_wrapped_in_inject_hyperparams(name):
+    # optax alias_test.test_optimizers_can_be_wrapped_in_inject_hyperparams, its inputs and
+    # tolerances: the updates within rtol=1e-3, the inner state of the plain state's structure
+    # within rtol=1e-4 (1.1: a step count per injected value, and adam's weight_decay=0 a part)
+    factory, kwargs = ALIAS_CASES[name]
+    opt, opt_inject = factory(**kwargs), optim.inject_hyperparams(factory)(**kwargs)
+    params = {"0": -torch.ones(2, 3), "1": torch.ones(2, 5, 2)}
+    grads = {"0": torch.ones(2, 3), "1": -torch.ones(2, 5, 2)}
+    updates, new_state = opt.update(grads, opt.init(params), params)
+    updates_inject, new_state_inject = opt_inject.update(grads, opt_inject.init(params), params)
+    assert_trees_all_close(updates_inject, updates, rtol=1e-3)
+    assert_trees_all_close(new_state_inject.inner_state, new_state, rtol=1e-4)
+
+
+SBFUNC_CASES = {  # the same law for the rest of sbfunc's optimizers and their weight decays
+    "adam-l2": (optim.adam, {"lr": 0.1, "weight_decay": 0.1, "maximize": True}),
+    "adamw-no-decay": (optim.adamw, {"lr": 0.1, "weight_decay": 0.0}),
+    "decoupled_adamw": (optim.decoupled_adamw, {"lr": 0.1}),
+    "decoupled_sgdw": (
+        optim.decoupled_sgdw,
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-2},
+    ),
+    "sgd-l2-nesterov": (
+        optim.sgd,
+        {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-2},
+    ),
+    "scale": (optim.scale, {"step_size": -0.5}),
+    "add_decayed_weights": (optim.add_decayed_weights, {"weight_decay": 0.1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SBFUNC_CASES))
+def test_every_optimizer_keeps_the_plain_state_structure(name):
+    factory, kwargs = SBFUNC_CASES[name]
+    opt, injected = factory(**kwargs), optim.inject_hyperparams(factory)(**kwargs)
+    params = model_params()
+    p, s, p_inj, s_inj = params, opt.init(params), params, injected.init(params)
+    for g in grad_sequence(params, steps=3):
+        u, s = opt.update(g, s, p)
+        u_inj, s_inj = injected.update(g, s_inj, p_inj)
+        p, p_inj = optim.apply_updates(p, u), optim.apply_updates(p_inj, u_inj)
+        # (a coupled decay rounds once more from a tensor: see the next test)
+        assert_trees_all_close(s_inj.inner_state, s, rtol=1e-5, atol=1e-7)
+        assert_trees_all_close(p_inj, p, rtol=1e-5, atol=1e-7)
+
+
+def test_a_zero_that_leaves_a_part_out_stays_fixed():
+    params = {"w": torch.ones(2)}
+    opt = optim.inject_hyperparams(optim.adam)(0.1)  # weight_decay=0: no decay part
+    state = opt.init(params)
+    assert set(state.hyperparams) == {"lr"}
+    assert isinstance(state.inner_state, optim.ScaleByAdamState)
+    decayed = {**state.hyperparams, "weight_decay": torch.tensor(0.5, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=r"must have the names \['lr'\], got \['lr', 'weig"):
+        opt.update(params, state._replace(hyperparams=decayed), params)
+    # a 0-d tensor is injected (the part is there, stateless), and so is a learning rate of 0
+    opt = optim.inject_hyperparams(optim.adam)(0.0, weight_decay=torch.tensor(0.0))
+    state = opt.init(params)
+    assert set(state.hyperparams) == {"lr", "weight_decay"}
+    assert state.inner_state[0] == optim.EmptyState()
+    state = state._replace(hyperparams={"lr": torch.tensor(0.1), **decayed})
+    updates, _ = opt.update(params, state, params)
+    plain = optim.adam(0.1, weight_decay=0.5)
+    torch.testing.assert_close(updates, plain.update(params, plain.init(params), params)[0])
+
+
 @SETTINGS
 @given(
     kind=st.sampled_from(sorted(OPTIMIZERS)),
@@ -203,11 +287,15 @@ OPTIMIZERS = {  # (unannotated **kw: injected, as optax injects every number)
 def test_constant_hyperparameters_give_the_plain_optimizer_bit_for_bit(kind, lr, wd, spelling):
     # an injected value is a tensor: a coupled (L2) weight decay then multiplies and adds, as
     # with a schedule, where a float fuses the two (one rounding apart)
+    # (the states then differ by the schedule's step count: compared where they do not)
     coupled = wd != 0 and kind != "adamw"
     plain = OPTIMIZERS[kind](optim.constant_schedule(wd) if coupled else wd, lr=lr)
     injected = optim.inject_hyperparams(OPTIMIZERS[kind])(**{spelling: lr}, wd=wd)
     params = model_params()
-    assert_steps_identical(injected, plain, params, grad_sequence(params, steps=4))
+    state_of = None if coupled else (lambda s: s.inner_state)
+    assert_steps_identical(
+        injected, plain, params, grad_sequence(params, steps=4), state_of=state_of
+    )
 
 
 @SETTINGS
@@ -217,11 +305,20 @@ def test_constant_hyperparameters_give_the_plain_optimizer_bit_for_bit(kind, lr,
     )
 )
 def test_a_schedule_gives_the_optimizer_built_with_it_bit_for_bit(schedule):
+    # the inner state is the one built with the schedule's values, as optax's: Adam's moments
+    # alike, the decay part without the schedule's step count
     plain = optim.adamw(schedule, weight_decay=0.1)
     injected = optim.inject_hyperparams(optim.adamw)(schedule, weight_decay=0.1)
     params = model_params()
     grads = grad_sequence(params, steps=4)
-    assert_steps_identical(injected, plain, params, grads, state_of=lambda s: s.inner_state)
+    assert_steps_identical(
+        injected,
+        plain,
+        params,
+        grads,
+        state_of=lambda s: s.inner_state,
+        ref_state_of=lambda s: (s[0], optim.EmptyState()),
+    )
 
 
 def test_compiled_update_compiles_once_while_the_learning_rate_changes():

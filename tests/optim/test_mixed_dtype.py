@@ -2,13 +2,19 @@
 dtype (optax ``alias_test.test_preserve_dtype``), also for gradients of another floating dtype
 than the parameters (issue 27: ``adam`` raised ``expected dtype Half for `end` but got float``
 in ``_foreach_lerp`` for float16 parameters and float32 gradients), also wrapped in
-``multi_steps`` (optax ``test_gradient_accumulation``) and in ``dynamic_loss_scale``. The
-bit-for-bit comparison with gradients cast by hand is ``test_dtypes.py``'s."""
+``multi_steps`` (optax ``test_gradient_accumulation``) and in ``dynamic_loss_scale``, whose
+skipped calls return the inner update's dtype. The bit-for-bit comparison with gradients cast
+by hand is ``test_dtypes.py``'s."""
+
+import gc
+from unittest import mock
 
 import pytest
 import torch
 
 from sbfunc import optim
+from sbfunc.optim._finite import _SKIPPED, host_flag
+from tests.helpers import assert_identical
 
 OPTIMIZERS = {
     "sgd": lambda: optim.sgd(0.1),
@@ -67,3 +73,44 @@ def test_the_reported_failure_float16_parameters_float32_gradients():
 def test_wrapped_optimizers_keep_the_parameters_dtype(wrap, param_dtype, grad_dtype):
     params = {"w": torch.tensor([1.0, 2.0], dtype=param_dtype)}
     _check_steps(wrap(optim.adamw(1e-2)), params, grad_dtype, steps=4)
+
+
+SKIPPING = {
+    "apply_if_finite": (optim.apply_if_finite, "_finite"),
+    "dynamic_loss_scale": (optim.dynamic_loss_scale, "_finite"),
+    "multi_steps-skip_not_finite": (
+        lambda o: optim.multi_steps(o, 1, should_skip_update_fn=optim.skip_not_finite),
+        "_accumulate",
+    ),
+}
+
+
+@pytest.mark.parametrize("compiled_path", [False, True], ids=["eager", "where"])
+@pytest.mark.parametrize("name", sorted(SKIPPING))
+def test_a_skipped_call_returns_the_inner_updates_dtype(name, compiled_path):
+    # optax's wrappers select from (or eval_shape) the inner update: Adam with
+    # mu_dtype=float32 updates float16 parameters in float32, skipped calls included
+    wrap, module = SKIPPING[name]
+    opt = wrap(optim.adam(0.1, mu_dtype=torch.float32))
+    params = {"w": torch.tensor([1.0, 2.0], dtype=torch.float16)}
+    path = (lambda flag: None) if compiled_path else host_flag
+    with mock.patch(f"sbfunc.optim.{module}.host_flag", path):
+        state = opt.init(params)
+        for g in (1.0, float("nan"), 1.0, float("nan")):
+            updates, state = opt.update({"w": torch.full((2,), g)}, state, params)
+            assert updates["w"].dtype == torch.float32, g
+            if g != g:  # skipped: -0.0, which leaves the parameters bit for bit
+                assert_identical(optim.apply_updates(params, updates), params)
+
+
+def test_the_skipped_dtypes_are_found_once_and_go_with_the_optimizer():
+    opt = optim.multi_steps(optim.adam(0.1, mu_dtype=torch.float32), 3)
+    params = {"w": torch.ones(2, dtype=torch.bfloat16)}
+    state = opt.init(params)
+    owner = id(opt.update.__self__)
+    for _ in range(2):
+        _, state = opt.update({"w": torch.ones(2)}, state, params)
+    assert list(_SKIPPED[owner].values()) == [{"w": torch.float32}]  # one layout, one run
+    del opt
+    gc.collect()
+    assert owner not in _SKIPPED
