@@ -11,7 +11,8 @@ step whose decisions did not change reuses the plan object (and a compiled step 
 
 Passes therefore order algorithms by what they *are* (their flags and places in the list),
 not by which of them matched: ordering the whole list and keeping the matched ones equals
-ordering the matched ones for every shipped pass (property-tested in ``tests/test_passes.py``).
+ordering the matched ones for every shipped pass (property-tested in
+``tests/engine/test_ordering.py``).
 """
 
 from __future__ import annotations
