@@ -31,7 +31,6 @@ from sbfunc import (
     selective_backprop,
     step,
 )
-from sbfunc.algorithms import SelectiveBackprop
 from sbfunc.engine import (
     Algorithm,
     Context,
@@ -47,6 +46,7 @@ from sbfunc.engine import (
     when,
 )
 from sbfunc.module import per_sample_loss, predict, split_module
+from sbfunc.selective_backprop import SelectiveBackprop
 from sbfunc.step import fit, make_train_step
 
 __version__ = "1.1.0"

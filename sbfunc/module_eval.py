@@ -4,7 +4,8 @@ removed in 1.2."""
 from sbfunc._namespace import moved_names
 
 __getattr__ = moved_names(
-    "sbfunc.module_eval", ("sbfunc.module", ("EvalOutputs", "eval_outputs", "predict"))
+    "sbfunc.module_eval",
+    ("1.1", ("sbfunc.module", ("EvalOutputs", "eval_outputs", "predict"))),
 )
 
 

@@ -5,7 +5,10 @@ from sbfunc._namespace import moved_names
 
 __getattr__ = moved_names(
     "sbfunc.module_io",
-    ("sbfunc.module", ("Inputs", "Mode", "Output", "draws_randomness", "mode_dependent")),
+    (
+        "1.1",
+        ("sbfunc.module", ("Inputs", "Mode", "Output", "draws_randomness", "mode_dependent")),
+    ),
 )
 
 

@@ -5,10 +5,16 @@ from sbfunc._namespace import moved_names
 
 __getattr__ = moved_names(
     "sbfunc.rows",
-    {
-        **{name: f"sbfunc.types:{name}" for name in ("ROWS", "LeafFilter", "PerSample", "Rows")},
-        "check_per_sample": "sbfunc.batch:check_per_sample",
-    },
+    (
+        "1.1",
+        {
+            **{
+                name: f"sbfunc.types:{name}"
+                for name in ("ROWS", "LeafFilter", "PerSample", "Rows")
+            },
+            "check_per_sample": "sbfunc.batch:check_per_sample",
+        },
+    ),
 )
 
 

@@ -72,9 +72,12 @@ __all__ = [
 
 __getattr__ = moved_names(
     "sbfunc.distributed",
-    {
-        "save": "sbfunc.distributed:save_data_parallel",
-        "load": "sbfunc.distributed:load_data_parallel",
-    },
+    (
+        "1.1",
+        {
+            "save": "sbfunc.distributed:save_data_parallel",
+            "load": "sbfunc.distributed:load_data_parallel",
+        },
+    ),
 )
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -13,7 +13,8 @@ from sbfunc.step._evaluation import EvalFn
 
 __all__ = ["Checkpointing", "Evaluator", "grouped_options"]
 
-Path = str | os.PathLike[str]
+FilePath = str | os.PathLike[str]
+"""A file's path, as ``open`` takes it."""
 
 
 class Evaluator(NamedTuple):
@@ -63,9 +64,9 @@ class Checkpointing(NamedTuple):
         MosaicML Composer ``Trainer(save_folder=..., save_interval=..., load_path=...)``.
     """
 
-    save_to: Path | None = None
+    save_to: FilePath | None = None
     every: Duration | None = None
-    load_from: Path | None = None
+    load_from: FilePath | None = None
 
 
 _LEGACY = {
