@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "algorithms checkpoint",
         "step",
         "distributed",
-        "compat datasets models testing passes rows module_io module_eval",
+        "compat datasets models testing",
         "__init__",
     )
 )
