@@ -37,7 +37,7 @@ SLOW = (
     "test_kill_resume.py",
     "test_resume.py",
     "test_checkpoint_atomic.py",
-    "test_transformers_step.py",
+    "tests/step/test_transformers.py",
 )
 
 

@@ -2,9 +2,9 @@
 
 Plain PyTorch users keep their loop; the one-line change is pruning each batch with
 ``sbfunc.compat.select_using_loss`` (Composer's signature, with an explicit
-``torch.Generator``) when ``sbfunc.compat.should_selective_backprop`` says so. Trains a small
-CNN on scikit-learn's bundled digits, plain vs selective backprop, and prints accuracy and
-backpropagated samples.
+``torch.Generator``) when ``sbfunc.selective_backprop.should_selective_backprop`` (Composer's
+schedule) says so. Trains a small CNN on scikit-learn's bundled digits, plain vs selective
+backprop, and prints accuracy and backpropagated samples.
 
 Run: ``python examples/composer_style.py`` (``--fast`` for a smoke run).
 """
@@ -46,7 +46,7 @@ def train(selective: bool, epochs: int, data: sbfunc.datasets.Split) -> tuple[fl
         time = time._replace(epoch=epoch, batch_in_epoch=0)
         for x, y, _ in sbfunc.datasets.batches(data.x_train, data.y_train, 64, key=key):
             scored = 0
-            if selective and sbfunc.compat.should_selective_backprop(
+            if selective and sbfunc.selective_backprop.should_selective_backprop(
                 time.elapsed, time.batch_in_epoch, 0.3, 0.95, 2
             ):
                 scored = x.shape[0]

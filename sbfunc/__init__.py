@@ -31,7 +31,7 @@ from sbfunc import (
     selective_backprop,
     step,
 )
-from sbfunc.algorithms import SelectiveBackprop
+from sbfunc._namespace import Namespace, moved_names
 from sbfunc.engine import (
     Algorithm,
     Context,
@@ -47,6 +47,7 @@ from sbfunc.engine import (
     when,
 )
 from sbfunc.module import per_sample_loss, predict, split_module
+from sbfunc.selective_backprop import SelectiveBackprop
 from sbfunc.step import fit, make_train_step
 
 __version__ = "1.1.0"
@@ -85,6 +86,61 @@ __all__ = [
     "step",
     "when",
 ]
+
+
+# 1.0's modules that 1.1 folded into the packages: each warns, and so does each of its names,
+# until 1.3 (``from sbfunc import passes`` works, ``import sbfunc.passes`` does not)
+__getattr__ = moved_names(
+    "sbfunc",
+    (
+        "1.1",
+        {
+            "passes": Namespace(
+                (
+                    "sbfunc.engine",
+                    (
+                        "COMPOSER_PASSES",
+                        "DEFAULT_PASSES",
+                        "MultipleLossInterpolationWarning",
+                        "Pass",
+                        "order_by_phase",
+                        "phase",
+                        "register_pass",
+                        "set_filo_order",
+                        "sort_fused_layernorm_last",
+                        "sort_selective_backprop_first",
+                        "sort_to_back",
+                        "sort_to_front",
+                        "warn_if_multiple_loss_interpolation",
+                    ),
+                )
+            ),
+            "rows": Namespace(
+                {
+                    **{
+                        n: f"sbfunc.types:{n}" for n in ("ROWS", "LeafFilter", "PerSample", "Rows")
+                    },
+                    "check_per_sample": "sbfunc.batch:check_per_sample",
+                }
+            ),
+            "module_io": Namespace(
+                (
+                    "sbfunc.module",
+                    ("Inputs", "Mode", "Output", "draws_randomness", "mode_dependent"),
+                )
+            ),
+            "module_eval": Namespace(
+                ("sbfunc.module", ("EvalOutputs", "eval_outputs", "predict"))
+            ),
+            "module_checks": Namespace(
+                (
+                    "sbfunc.module",
+                    ("TargetKind", "check_loss_fn", "check_state", "check_target", "target_kind"),
+                )
+            ),
+        },
+    ),
+)
 
 
 # The documented modules outside __all__, listed by dir() once imported (sbfunc.testing needs

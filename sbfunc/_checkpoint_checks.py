@@ -86,7 +86,7 @@ def leaf_problems(nodes: list[Node], got: list[Any], want: list[Any]) -> list[st
     """One line per leaf of ``got`` unlike the template's leaf at the same path."""
     paths = [path for path, label, _ in nodes if label == LEAF]
     return [
-        f"{_show(path)}: {_describe(g)} in the checkpoint, {_describe(w)} in the template"
+        f"{_show(path)}: {_kind(g)} in the checkpoint, {_kind(w)} in the template"
         for path, g, w in zip(paths, got, want, strict=True)
         if not (_leaf_matches(g, w) or _optional_length(_show(path), g, w))
     ]
@@ -111,7 +111,8 @@ def _leaf_matches(got: Any, want: Any) -> bool:
     return type(got) is type(want)
 
 
-def _describe(leaf: Any) -> str:
+def _kind(leaf: Any) -> str:
+    """What a leaf is, for a mismatch: a tensor's dtype and shape, else its type."""
     if isinstance(leaf, torch.Tensor):
         return f"{str(leaf.dtype).removeprefix('torch.')} tensor of shape {tuple(leaf.shape)}"
     return "None" if leaf is None else type(leaf).__name__

@@ -5,9 +5,14 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import Any, NamedTuple, Union
 
-__all__ = ["api_dir", "moved_names"]
+__all__ = ["REMOVED_IN", "Namespace", "api_dir", "moved_names"]
+
+REMOVED_IN = "1.3"
+"""The release that removes the aliases: of the names moved in 1.1 (kept one release longer,
+as 1.1 missed some) and of those moved in 1.2."""
 
 
 def api_dir(names: Sequence[str]) -> Callable[[], list[str]]:
@@ -20,34 +25,71 @@ def api_dir(names: Sequence[str]) -> Callable[[], list[str]]:
     return __dir__
 
 
-def moved_names(
-    owner: str, moves: Mapping[str, str] | tuple[str, Iterable[str]]
-) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` for the public names that moved in 1.1.
+class Namespace(NamedTuple):
+    """A public module that is gone: getting it gives a namespace whose names warn and resolve
+    to where each one moved (``moves``, as in :func:`moved_names`)."""
 
-    ``moves`` maps an old name to ``"home.module:NewName"``, or is ``(home, names)`` for names
-    that kept their name. Getting an old name from module ``owner`` warns
-    (``DeprecationWarning``, pointing at the caller) and returns the new one; the aliases are
-    in neither ``__all__`` nor ``dir()`` and are removed in 1.2 (the CHANGELOG's 1.1 migration
-    table lists them). Any other missing name raises ``AttributeError`` as usual.
-    """
+    moves: Moves
+
+
+Moves = Union[Mapping[str, Union[str, Namespace]], tuple[str, Iterable[str]]]  # noqa: UP007
+"""Old name -> ``"home.module:NewName"`` (or a :class:`Namespace` for a module that is gone),
+or ``(home, names)`` for names that kept their name."""
+
+
+def _table(moves: Moves) -> dict[str, str | Namespace]:
     if isinstance(moves, tuple):
         home, names = moves
-        moves = {name: f"{home}:{name}" for name in names}
-    table = dict(moves)
+        return {name: f"{home}:{name}" for name in names}
+    return dict(moves)
+
+
+def _homes(target: str | Namespace) -> tuple[str, set[str]]:
+    """The new spelling of a moved name, and the modules it names."""
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        return f"{module}.{attr}", {module}
+    homes = set().union(*(_homes(t)[1] for t in _table(target.moves).values()))
+    return " and ".join(sorted(homes)), homes
+
+
+def _namespace(name: str, since: str, moves: Moves) -> ModuleType:
+    shim = ModuleType(name, f"Gone since sbfunc {since}: every name warns and resolves.")
+    shim.__getattr__ = moved_names(name, (since, moves))  # type: ignore[method-assign]
+    shim.__dir__ = api_dir(())  # type: ignore[method-assign]
+    return shim
+
+
+def moved_names(owner: str, *groups: tuple[str, Moves]) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for the public names that moved away from ``owner``.
+
+    ``groups`` are ``(release, moves)`` pairs: the release that moved the names, and the names
+    (:data:`Moves`). Getting an old name from module ``owner`` warns (``DeprecationWarning``,
+    pointing at the caller, naming the new home) and returns the new one; a module that is gone
+    (:class:`Namespace`) comes back as a namespace whose names warn in turn. The aliases are in
+    neither ``__all__`` nor ``dir()`` and are removed in :data:`REMOVED_IN` (the CHANGELOG's
+    migration tables list them). Any other missing name raises ``AttributeError`` as usual.
+    """
+    table = {name: (since, t) for since, moves in groups for name, t in _table(moves).items()}
+    shims: dict[str, ModuleType] = {}
 
     def __getattr__(name: str) -> Any:
-        target = table.get(name)
-        if target is None:
+        if name not in table:
             raise AttributeError(f"module {owner!r} has no attribute {name!r}")
-        module, _, attr = target.partition(":")
-        change = "moved" if attr == name else "was renamed"
+        since, target = table[name]
+        new, _ = _homes(target)
+        renamed = isinstance(target, str) and not target.endswith(f":{name}")
         warnings.warn(
-            f"{owner}.{name} {change} to {module}.{attr} in sbfunc 1.1; the old name is removed "
-            "in 1.2",
+            f"{owner}.{name} {'was renamed' if renamed else 'moved'} to {new} in sbfunc "
+            f"{since}; the old name is removed in {REMOVED_IN}",
             DeprecationWarning,
             stacklevel=2,
         )
+        if isinstance(target, Namespace):
+            if name not in shims:
+                shims[name] = _namespace(f"{owner}.{name}", since, target.moves)
+            return shims[name]
+        module, _, attr = target.partition(":")
         return getattr(importlib.import_module(module), attr)
 
     return __getattr__

@@ -24,7 +24,7 @@ import optree
 import torch
 import torch.utils._pytree as torch_pytree
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc._rows import (
     check_per_sample,
     flat_tensors,
@@ -414,4 +414,5 @@ def replace(batch: BatchT, key: int | str, value: Any) -> BatchT:
     return type(batch)(items)  # type: ignore[call-arg]
 
 
+__getattr__ = moved_names("sbfunc.batch", ("1.1", ("sbfunc.types", ("ROWS",))))
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,7 +1,7 @@
 """The types every part of sbfunc shares, each defined once.
 
 * :data:`Params`: tensors by name (parameters, buffers, gradients, updates).
-* :data:`Key`: an :mod:`sbfunc.random` key.
+* :data:`Device`: where a function puts the tensors it makes.
 * :data:`Batch`: any pytree whose per-sample leaves share a first axis.
 * :class:`LossFn`: the spine type, ``(params, buffers, batch) -> Tensor[N]``.
 * :class:`EmptyState`: the state of a transform that keeps none.
@@ -16,13 +16,13 @@ from typing import Any, Final, NamedTuple, Protocol, Union
 
 import torch
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 
 __all__ = [
     "ROWS",
     "Batch",
+    "Device",
     "EmptyState",
-    "Key",
     "LeafFilter",
     "LossFn",
     "Params",
@@ -33,9 +33,9 @@ __all__ = [
 Params = dict[str, torch.Tensor]
 """Tensors by name: parameters, buffers, gradients and updates alike."""
 
-Key = torch.Tensor
-"""An ``int64`` tensor of shape ``(2,)`` holding two 32-bit words; build one with
-:func:`sbfunc.random.key`."""
+Device = torch.device | str | None
+"""Where a function puts the tensors it makes: a ``torch.device``, its name (``"cpu"``), or
+``None`` for the function's default (its key's device for a sampler)."""
 
 Batch = Any
 """A pytree (tensors, dicts, lists, tuples, namedtuples, strings) whose per-sample leaves share
@@ -105,4 +105,5 @@ entries as metadata, ``{"targets": ROWS}`` a list of per-image dicts of tensors 
 """
 
 
+__getattr__ = moved_names("sbfunc.types", ("1.2", ("sbfunc.random", ("Key",))))
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,7 +1,9 @@
-"""Assertions shared across the test packages."""
+"""Assertions and look-ups shared across the test packages."""
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from typing import Any
 
 import optree
@@ -46,3 +48,19 @@ def lm_loss(model: Any) -> Any:
         model, sbfunc.module.next_token_cross_entropy, input=("input_ids", "attention_mask"),
         target="labels",
     )  # fmt: skip
+
+
+def resolve_face(dotted: str) -> Any:
+    """The module ``dotted`` names, or the namespace of a gone one (``sbfunc.passes``), got
+    without its warning."""
+    module: Any = importlib.import_module("sbfunc")
+    for i, part in enumerate(dotted.split(".")[1:], start=2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            found = getattr(module, part, None)
+        module = (
+            found
+            if found is not None
+            else importlib.import_module(".".join(dotted.split(".")[:i]))
+        )
+    return module

@@ -156,7 +156,7 @@ def test_every_algorithm_of_the_suite_is_unchanged_by_steps_and_frozen(name):
 
 def _unbound_sb(**kwargs: Any) -> sbfunc.Algorithm:
     """Selective Backprop that takes the step's loss (its ``for_step`` returns a new one)."""
-    return A.SelectiveBackprop(0.0, 1.0, interrupt=0, **kwargs)
+    return sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, **kwargs)
 
 
 COMBINED: dict[str, Callable[[], list[sbfunc.Algorithm]]] = {
@@ -167,7 +167,7 @@ COMBINED: dict[str, Callable[[], list[sbfunc.Algorithm]]] = {
     "every_n_steps": lambda: [engine.every_n_steps(_unbound_sb(), 2, offset=1)],
     "when": lambda: [engine.when(_unbound_sb(), lambda s: True)],
     "schedule_hyperparams": lambda: [
-        engine.schedule_hyperparams(A.SelectiveBackprop)(
+        engine.schedule_hyperparams(sbfunc.SelectiveBackprop)(
             start=0.0, end=1.0, keep=lambda t: 0.25 if t < 0.5 else 0.5, interrupt=0
         )
     ],
@@ -219,7 +219,7 @@ def test_every_policy_is_unchanged_by_steps(name):
         model = nn.Sequential(nn.Linear(4, NUM_FEATURES), nn.Tanh(), nn.Linear(NUM_FEATURES, 3))
         loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, input="x", target="y")
     ids = "ids" if name in NEEDS_IDS else None
-    sb = A.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, ids=ids)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, policy=policy, ids=ids)
     params, buffers = sbfunc.split_module(model, clone=True)
     before, after, _ = train(loss_fn, optim.sgd(0.1), [sb], params, buffers, _dict_batches(3))
     assert_same(before, after)

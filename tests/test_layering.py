@@ -33,7 +33,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "algorithms checkpoint",
         "step",
         "distributed",
-        "compat datasets models testing passes rows module_io module_eval",
+        "compat datasets models testing",
         "__init__",
     )
 )
@@ -181,4 +181,43 @@ def test_doctests_import_from_faces_only():
                 module = text.split()[2] if text.startswith(">>> from") else text.split()[-1]
                 if _owner_of_private(module) is not None:
                     bad.append(f"{path.relative_to(ROOT.parent)}:{lineno}: {text}")
+    assert not bad, "\n".join(bad)
+
+
+# The tests mirror the packages (CONTRIBUTING.md, "Rules"): what can be checked mechanically.
+TESTS = ROOT.parent / "tests"
+PACKAGES = frozenset(p.name for p in ROOT.iterdir() if (p / "__init__.py").exists())
+
+
+def test_every_test_folder_names_a_package_and_every_package_has_one():
+    """``tests/x/`` holds the tests of ``sbfunc/x/``; ``tests/`` itself those of the top-level
+    modules and of the whole package; ``tests/data/`` holds files, not tests."""
+    folders = {
+        p.name
+        for p in TESTS.iterdir()
+        if p.is_dir() and not p.name.startswith((".", "__")) and p.name != "data"
+    }
+    assert folders == PACKAGES, (sorted(folders - PACKAGES), sorted(PACKAGES - folders))
+
+
+def _test_home(owners: set[str]) -> Path:
+    """Where a test of the private modules of ``owners`` lives: the one package's folder, or
+    ``tests/`` for the top-level modules' and for a test that reaches into several packages."""
+    if len(owners) != 1 or owners == {"sbfunc"}:
+        return TESTS
+    return TESTS / next(iter(owners)).removeprefix("sbfunc.").replace(".", "/")
+
+
+def test_a_test_of_private_modules_lives_in_their_package_folder():
+    """A test that imports private modules (``sbfunc.policies._tables``, ``sbfunc._finite``)
+    tests their package: it lives in that package's folder (``tests/policies/``, ``tests/``),
+    or in ``tests/`` when it reaches into several packages."""
+    bad = []
+    for path in sorted(TESTS.rglob("*.py")):
+        if path.relative_to(TESTS).parts[0] == "data":
+            continue  # scripts run against an older sbfunc
+        owners = {o for dst, _ in _imports(path) if (o := _owner_of_private(dst)) is not None}
+        if owners and path.parent != _test_home(owners):
+            where = _test_home(owners).relative_to(ROOT.parent)
+            bad.append(f"{path.relative_to(ROOT.parent)} imports {sorted(owners)}: {where}/")
     assert not bad, "\n".join(bad)

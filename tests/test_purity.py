@@ -262,7 +262,7 @@ def test_selection_and_take_write_nothing(scores, seed, keep):
     n = s.shape[0]
     check_pure(sbfunc.select.ranks, s, key=key)
     for make in (policies.rank_power, policies.top_k, policies.random_subset):
-        check_pure(make(keep).select, s, policies.EmptyState(), key=key)
+        check_pure(make(keep).select, s, sbfunc.types.EmptyState(), key=key)
     log_w = check_pure(
         sbfunc.policies.rank_power_log_weights, sbfunc.select.ranks(s, key=key), keep
     )

@@ -48,7 +48,7 @@ FRACTIONS = {
     "SelectiveBackprop.start": lambda v: sbfunc.SelectiveBackprop(v, 1.0),
     "SelectiveBackprop.keep": lambda v: sbfunc.SelectiveBackprop(keep=v),
     "should_selective_backprop.current_duration": lambda v: (
-        sbfunc.compat.should_selective_backprop(v, 0)
+        sbfunc.selective_backprop.should_selective_backprop(v, 0)
     ),
     "select_using_loss.keep": lambda v: sbfunc.compat.select_using_loss(
         torch.zeros(4, 4), torch.zeros(4, dtype=torch.int64), _MODEL, F.cross_entropy, keep=v

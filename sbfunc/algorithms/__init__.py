@@ -1,7 +1,7 @@
 """Training-loop algorithms: Composer's suite in functional form (pure transforms with
 explicit keys, module surgery as ``module -> module`` functions) and their ``Algorithm``s."""
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc.algorithms._alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
 from sbfunc.algorithms._augmix import (
     AugMix,
@@ -66,7 +66,6 @@ from sbfunc.algorithms._stochastic_depth import (
     apply_stochastic_depth,
 )
 from sbfunc.algorithms._surgery import Surgery, replace_modules
-from sbfunc.selective_backprop import SelectiveBackprop
 
 __all__ = [
     "EMA",
@@ -92,7 +91,6 @@ __all__ = [
     "MixUp",
     "ProgressiveResizing",
     "RandAugment",
-    "SelectiveBackprop",
     "SeqLengthWarmup",
     "SqueezeExcite",
     "SqueezeExcite2d",
@@ -122,5 +120,7 @@ __all__ = [
     "soft_targets",
 ]
 
-
+__getattr__ = moved_names(
+    "sbfunc.algorithms", ("1.2", ("sbfunc.selective_backprop", ("SelectiveBackprop",)))
+)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

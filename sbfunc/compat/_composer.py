@@ -25,7 +25,7 @@ TENSOR_ERROR = (
     "select_using_loss takes {} as a tensor (Composer's API), got a {}; for a dict or any "
     "other pytree batch take the pure path: scores = sbfunc.score.score_losses(loss_fn, params, "
     "buffers, batch), then a policy (sel, _ = sbfunc.policies.rank_power(keep).select(scores, "
-    "sbfunc.policies.EmptyState(), key=key)), then sbfunc.batch.take(batch, sel.indices)"
+    "sbfunc.types.EmptyState(), key=key)), then sbfunc.batch.take(batch, sel.indices)"
 )
 
 

@@ -16,7 +16,7 @@ sharded data and checkpoints (see ``docs/how-to/distributed.md``).
 Everything works without an initialised process group, as a world of one.
 """
 
-from sbfunc._namespace import api_dir, moved_names
+from sbfunc._namespace import Namespace, api_dir, moved_names
 from sbfunc.distributed._balance import ExchangePlan, balanced_counts, exchange_plan
 from sbfunc.distributed._checkpoint import (
     RankLocal,
@@ -72,9 +72,13 @@ __all__ = [
 
 __getattr__ = moved_names(
     "sbfunc.distributed",
-    {
-        "save": "sbfunc.distributed:save_data_parallel",
-        "load": "sbfunc.distributed:load_data_parallel",
-    },
+    (
+        "1.1",
+        {
+            "save": "sbfunc.distributed:save_data_parallel",
+            "load": "sbfunc.distributed:load_data_parallel",
+            "mean": Namespace(("sbfunc.distributed", ("mean_across_ranks",))),
+        },
+    ),
 )
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -10,8 +10,8 @@ import torch
 
 from sbfunc.distributed._comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.distributed._meter import TrafficMeter
-from sbfunc.optim import EmptyState, GradientTransformation, TransformRecord
-from sbfunc.types import Params
+from sbfunc.optim import GradientTransformation, TransformRecord
+from sbfunc.types import EmptyState, Params
 from sbfunc.validation import check_int
 
 __all__ = ["mean_across_ranks"]
@@ -63,7 +63,7 @@ def mean_across_ranks(
 
     Returns:
         A :class:`~sbfunc.optim.GradientTransformation` with state
-        :class:`~sbfunc.optim.EmptyState`.
+        :class:`~sbfunc.types.EmptyState`.
 
     Raises:
         TypeError: for arguments of the wrong type.

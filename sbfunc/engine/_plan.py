@@ -11,7 +11,8 @@ step whose decisions did not change reuses the plan object (and a compiled step 
 
 Passes therefore order algorithms by what they *are* (their flags and places in the list),
 not by which of them matched: ordering the whole list and keeping the matched ones equals
-ordering the matched ones for every shipped pass (property-tested in ``tests/test_passes.py``).
+ordering the matched ones for every shipped pass (property-tested in
+``tests/engine/test_ordering.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ __all__ = ["Leaf", "Plan", "Planned", "Planner", "flatten", "get_path", "set_pat
 Planned = tuple[tuple[int, Any], ...]
 """One event's plan: ``(leaf index, match decision)`` pairs in application order."""
 
-Path = tuple[Any, ...]
+StatePath = tuple[Any, ...]
+"""Where an algorithm's state sits in ``TrainState.algorithm_state``: the position in the list,
+then the part index or name at each level of sequences."""
 
 
 class Leaf(NamedTuple):
@@ -48,7 +51,7 @@ class Leaf(NamedTuple):
     """
 
     algorithm: Algorithm
-    path: Path
+    path: StatePath
     label: str
     streams: tuple[int, ...]
 
@@ -66,7 +69,7 @@ def flatten(algorithms: Sequence[Algorithm]) -> tuple[Leaf, ...]:
     labels = trace_labels(algorithms)
     streams = stream_ids([a.name for a in algorithms])
 
-    def visit(alg: Algorithm, path: Path, label: str, ids: tuple[int, ...]) -> None:
+    def visit(alg: Algorithm, path: StatePath, label: str, ids: tuple[int, ...]) -> None:
         if not isinstance(alg, SequenceAlgorithm):
             out.append(Leaf(alg, path, label, ids))
             return
@@ -82,7 +85,7 @@ def flatten(algorithms: Sequence[Algorithm]) -> tuple[Leaf, ...]:
     return tuple(out)
 
 
-def get_path(states: Any, path: Path) -> Any:
+def get_path(states: Any, path: StatePath) -> Any:
     """The entry of ``states`` (nested tuples/dicts, ``None`` for "all unset") at ``path``."""
     for where in path:
         if states is None:
@@ -91,7 +94,7 @@ def get_path(states: Any, path: Path) -> Any:
     return states
 
 
-def set_path(states: Any, path: Path, value: Any) -> Any:
+def set_path(states: Any, path: StatePath, value: Any) -> Any:
     """A copy of ``states`` with the entry at ``path`` replaced (never mutates ``states``)."""
     if not path:
         return value

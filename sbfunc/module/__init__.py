@@ -11,7 +11,7 @@ The checks (:func:`check_loss_fn`, :func:`check_state`) and the mode helpers
 transforms above use, for code that builds on this spine.
 """
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc.module._checks import (
     TargetKind,
     accepts_reduction,
@@ -57,4 +57,5 @@ __all__ = [
 ]
 
 
+__getattr__ = moved_names("sbfunc.module", ("1.1", ("sbfunc.types", ("LossFn", "Params"))))
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

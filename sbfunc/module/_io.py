@@ -142,7 +142,7 @@ def check_output(output: Output) -> Output:
     )
 
 
-def _describe(value: Any) -> str:
+def _structure(value: Any) -> str:
     """What a module returned, for error messages: its type and fields."""
     name = type(value).__name__
     name = ("an " if name[:1].lower() in "aeiou" else "a ") + name
@@ -172,7 +172,7 @@ def _check_tensors(value: Any, what: str) -> Any:
     if leaves and all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         return value
     raise TypeError(
-        f"{what} is {_describe(value)}, but the training step's torch.func transforms need "
+        f"{what} is {_structure(value)}, but the training step's torch.func transforms need "
         "tensors only; pass output= to per_sample_loss to select the logits, e.g. "
         "output='logits' (an attribute or key), output=0 (an index) or a callable"
     )
@@ -183,7 +183,7 @@ def _refuse_structured(outputs: Any) -> NoReturn:
     mapping or dataclass would reach the criterion whole (cross-entropy then fails on a
     tuple)."""
     raise TypeError(
-        f"the module's output is {_describe(outputs)}, not the logits tensor the criterion "
+        f"the module's output is {_structure(outputs)}, not the logits tensor the criterion "
         f"needs; pass {_suggest(outputs)} to per_sample_loss to read the logits (output=0 "
         "for an index, or output=lambda out: out to give the whole result to the criterion)"
     )
@@ -236,20 +236,20 @@ def select_output(outputs: Any, output: Output) -> Any:
             value = getattr(outputs, output)
         else:
             raise KeyError(
-                f"output={output!r} is not in the module's output, {_describe(outputs)}"
+                f"output={output!r} is not in the module's output, {_structure(outputs)}"
             )
     else:
         try:
             value = outputs[output]
         except (IndexError, KeyError, TypeError) as err:
             raise IndexError(
-                f"output={output} cannot index the module's output, {_describe(outputs)}"
+                f"output={output} cannot index the module's output, {_structure(outputs)}"
             ) from err
     if isinstance(value, torch.Tensor):  # no message to build (compiled, a tensor has no __dict__)
         if value.dim() == 0:
             raise ValueError(_REDUCED.format(output))
         return value
-    return _check_tensors(value, f"output={output!r} selected {_describe(value)}; it")
+    return _check_tensors(value, f"output={output!r} selected {_structure(value)}; it")
 
 
 _REDUCED = (

@@ -1,8 +1,9 @@
 """Selection policies: pure ``(init, select)`` pairs over explicit state, the one selection
 type of sbfunc. The stateless fixed-count rules (:func:`rank_power`, :func:`top_k`,
-:func:`random_subset`, with :class:`EmptyState`), the stateful ones, and each rule's maths
-beside it (:func:`rank_power_indices`, :func:`divbs_indices`; the last-layer gradient embedding
-:func:`last_layer_errors` and :func:`gradient_gram` that DivBS and Bayesian selection share).
+:func:`random_subset`, whose state is :class:`~sbfunc.types.EmptyState`), the stateful ones,
+and each rule's maths beside it (:func:`rank_power_indices`, :func:`divbs_indices`; the
+last-layer gradient embedding :func:`last_layer_errors` and :func:`gradient_gram` that DivBS
+and Bayesian selection share).
 
 A *policy* is an optax-style pair of pure functions (``init``, ``select``) over an explicit
 state. ``select(scores, state, *, key, ids=None, epoch=0, elapsed=0.0)`` returns a
@@ -29,7 +30,6 @@ rows can fill the selection, and it is never recorded in a policy's state.
 
 from sbfunc._namespace import api_dir, moved_names
 from sbfunc.policies._base import (
-    EmptyState,
     Policy,
     PolicyState,
     Record,
@@ -65,7 +65,6 @@ from sbfunc.policies._top_k import random_subset, top_k
 
 __all__ = [
     "BayesianState",
-    "EmptyState",
     "ImportanceState",
     "LossHistory",
     "LossTable",
@@ -109,8 +108,12 @@ __all__ = [
 __getattr__ = moved_names(
     "sbfunc.policies",
     (
-        "sbfunc.selective_backprop",
-        ("Pruned", "Queue", "apply_policy", "dequeue", "empty_queue", "enqueue", "flush"),
+        "1.1",
+        (
+            "sbfunc.selective_backprop",
+            ("Pruned", "Queue", "apply_policy", "dequeue", "empty_queue", "enqueue", "flush"),
+        ),
     ),
+    ("1.2", ("sbfunc.types", ("EmptyState",))),
 )
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -17,7 +17,6 @@ from sbfunc.select import Selection
 from sbfunc.types import EmptyState
 
 __all__ = [
-    "EmptyState",
     "Policy",
     "PolicyState",
     "Record",
@@ -333,7 +332,7 @@ def make_policy(
     scoring rows (``score_rows``).
 
     Example:
-        >>> from sbfunc.policies import EmptyState, make_policy
+        >>> from sbfunc.policies import make_policy
         >>> def count_calls(scores, state, a):  # keep the highest score, count the calls
         ...     return sbfunc.select.Selection(scores.argmax().reshape(1)), state + 1
         >>> policy = make_policy(lambda: 0, count_calls)

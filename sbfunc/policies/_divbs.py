@@ -14,11 +14,12 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.policies._base import EmptyState, Policy, SelectArgs, make_policy
+from sbfunc.policies._base import Policy, SelectArgs, make_policy
 from sbfunc.policies._last_layer import at_least_float32, gradient_gram, last_layer_errors
 from sbfunc.random import Key, check_key
 from sbfunc.score import Signals
 from sbfunc.select import Selection, check_keep, kept_count, top_k_indices
+from sbfunc.types import EmptyState
 from sbfunc.validation import check_int, check_tensor
 
 __all__ = ["divbs", "divbs_indices"]
@@ -34,7 +35,7 @@ def divbs(keep: float) -> Policy:
     Backprop's scoring forward provides them) and reads the scores only for their finiteness:
     a row with a non-finite score counts as a zero gradient and is kept only when fewer than
     ``k`` rows are finite (:mod:`sbfunc.policies`). Stateless
-    (:class:`~sbfunc.policies.EmptyState`); ``weights=None``; fixed shapes, no host reads.
+    (:class:`~sbfunc.types.EmptyState`); ``weights=None``; fixed shapes, no host reads.
     The last layer's bias is left out of the gradient, as in the official code.
 
     Args:

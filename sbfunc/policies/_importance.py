@@ -8,8 +8,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.policies._base import Policy, SelectArgs, as_scores, make_policy
-from sbfunc.policies._tables import Device
 from sbfunc.select import Selection, check_keep, kept_count, random_indices
+from sbfunc.types import Device
 from sbfunc.validation import check_fraction, check_int
 
 __all__ = [

@@ -6,7 +6,6 @@ import torch
 
 from sbfunc.policies._base import Policy, SelectArgs, bernoulli_selection, check_ids, make_policy
 from sbfunc.policies._tables import (
-    Device,
     LossTable,
     table_init,
     table_lookup,
@@ -14,6 +13,7 @@ from sbfunc.policies._tables import (
     table_record,
 )
 from sbfunc.select import Selection
+from sbfunc.types import Device
 from sbfunc.validation import check_fraction, check_int
 
 __all__ = ["infobatch"]

@@ -9,7 +9,6 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies._base import Policy, SelectArgs, bernoulli_selection, check_ids, make_policy
 from sbfunc.policies._tables import (
-    Device,
     LossHistory,
     LossTable,
     history_cdf,
@@ -21,6 +20,7 @@ from sbfunc.policies._tables import (
     table_record,
 )
 from sbfunc.select import Selection
+from sbfunc.types import Device
 from sbfunc.validation import check_fraction, check_int, check_real
 
 __all__ = ["StaleState", "jiang_cdf", "stale_sb"]

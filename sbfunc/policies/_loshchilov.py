@@ -9,7 +9,6 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc.policies._base import Policy, SelectArgs, check_ids, make_policy
 from sbfunc.policies._tables import (
-    Device,
     LossTable,
     table_init,
     table_needs,
@@ -17,6 +16,7 @@ from sbfunc.policies._tables import (
     table_record,
 )
 from sbfunc.select import Selection, check_keep, gumbel_top_k, kept_count
+from sbfunc.types import Device
 from sbfunc.validation import check_int, check_real
 
 __all__ = ["loshchilov"]

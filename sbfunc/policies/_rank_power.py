@@ -33,7 +33,7 @@ def rank_power(keep: float) -> Policy:
     their ranks, so any strictly increasing transform of the scores gives the same selection.
     Non-finite scores rank below every finite one with weight 0 (:mod:`sbfunc.select`):
     they are kept only when fewer than ``k`` scores are finite. Stateless
-    (:class:`~sbfunc.policies.EmptyState`); ``weights=None`` (biased towards high loss on
+    (:class:`~sbfunc.types.EmptyState`); ``weights=None`` (biased towards high loss on
     purpose); ``keep=1`` keeps every row. The tie-breaking noise is ``bits(split(key)[0], N)``
     and the Gumbel noise's uniform ``uniform(split(key)[1], N)``; eagerly on the CPU, while every
     score is finite and distinct, the tie noise cannot change the order and is not drawn (the

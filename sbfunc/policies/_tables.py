@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc._tracing import host_readable
+from sbfunc.types import Device
 from sbfunc.validation import check_int, check_tensor
 
 __all__ = [
@@ -25,8 +26,6 @@ __all__ = [
     "table_record",
     "table_update",
 ]
-
-Device = torch.device | str | None
 
 
 class LossHistory(NamedTuple):

@@ -7,8 +7,9 @@ import math
 import torch
 
 from sbfunc.random._keys import Key, check_key, split
-from sbfunc.random._sampling import Device, Shape, bits, target_device, uniform
+from sbfunc.random._sampling import Shape, bits, target_device, uniform
 from sbfunc.random._threefry import MASK
+from sbfunc.types import Device
 from sbfunc.validation import check_int
 
 __all__ = ["categorical", "permutation", "randint"]

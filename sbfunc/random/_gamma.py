@@ -16,7 +16,6 @@ import torch
 
 from sbfunc.random._keys import Key, check_key, split
 from sbfunc.random._sampling import (
-    Device,
     Shape,
     check_float_dtype,
     normal,
@@ -24,6 +23,7 @@ from sbfunc.random._sampling import (
     uniform,
 )
 from sbfunc.random._threefry import normalize_shape
+from sbfunc.types import Device
 
 __all__ = ["beta", "gamma"]
 

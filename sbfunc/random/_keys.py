@@ -7,19 +7,15 @@ import torch
 from sbfunc._tracing import host_readable, tracing
 from sbfunc.random._host import host_blocks, host_key, host_key_words, words
 from sbfunc.random._threefry import MASK, Word, block, counters, host_block
-from sbfunc.types import Key
-from sbfunc.validation import check_int
+from sbfunc.validation import check_int, describe
 
 __all__ = ["Key", "check_key", "fold_in", "is_key", "key", "split"]
 
+Key = torch.Tensor
+"""A key: an ``int64`` tensor of shape ``(2,)`` holding two 32-bit words; build one with
+:func:`key`."""
 
 _HOST_SPLIT_MAX = 256  # above this many children, one vectorised tensor pass is cheaper
-
-
-def _describe(obj: object) -> str:
-    if isinstance(obj, torch.Tensor):
-        return f"a tensor of dtype {obj.dtype}, shape {tuple(obj.shape)} on device {obj.device}"
-    return f"{type(obj).__name__} {obj!r}"
 
 
 def is_key(obj: object) -> bool:
@@ -59,12 +55,12 @@ def check_key(obj: object, name: str = "key") -> Key:
         >>> sbfunc.random.check_key(torch.tensor(0))
         Traceback (most recent call last):
         ...
-        TypeError: key must be an int64 tensor of shape (2,)...shape () on device cpu
+        TypeError: key must be an int64 tensor of shape (2,)...a torch.int64 tensor of shape ()
     """
     if not is_key(obj):
         raise TypeError(
             f"{name} must be an int64 tensor of shape (2,) made by sbfunc.random.key(seed), "
-            f"got {_describe(obj)}"
+            f"got {describe(obj)}"
         )
     assert isinstance(obj, torch.Tensor)
     return obj
@@ -187,7 +183,7 @@ def fold_in(k: Key, data: int | torch.Tensor) -> Key:
     host = host_readable(k)
     if isinstance(data, torch.Tensor):
         if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool:
-            raise TypeError(f"data must be an int or an integer tensor, got {_describe(data)}")
+            raise TypeError(f"data must be an int or an integer tensor, got {describe(data)}")
         if data.dim() != 0:
             raise ValueError(f"data must be a 0-d tensor, got shape {tuple(data.shape)}")
         if host and host_readable(data):

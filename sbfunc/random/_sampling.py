@@ -17,12 +17,12 @@ from sbfunc._tracing import host_readable
 from sbfunc.random._host import host_bits, host_blocks, host_key_words, host_unit32, words
 from sbfunc.random._keys import Key, check_key
 from sbfunc.random._threefry import Word, block, counters, normalize_shape
+from sbfunc.types import Device
 from sbfunc.validation import check_fraction, check_real
 
 __all__ = ["bernoulli", "bits", "gumbel", "gumbel_from_uniform", "normal", "uniform"]
 
 Shape = int | Sequence[int] | torch.Size
-Device = torch.device | str | None
 
 _WIDER = {
     torch.float16: torch.float32,

@@ -46,8 +46,11 @@ __all__ = [
 __getattr__ = moved_names(
     "sbfunc.select",
     (
-        "sbfunc.policies",
-        ("divbs_indices", "gradient_gram", "last_layer_errors", "rank_power_log_weights"),
+        "1.1",
+        (
+            "sbfunc.policies",
+            ("divbs_indices", "gradient_gram", "last_layer_errors", "rank_power_log_weights"),
+        ),
     ),
 )
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

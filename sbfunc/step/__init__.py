@@ -7,7 +7,7 @@ events. :class:`Replicas` is how a step combines with other processes (one proce
 """
 
 from sbfunc._gradients import weighted_mean
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc.step._build import make_train_step
 from sbfunc.step._evaluation import Evaluation, evaluate
 from sbfunc.step._fit_options import Checkpointing, Evaluator
@@ -38,4 +38,5 @@ __all__ = [
 ]
 
 
+__getattr__ = moved_names("sbfunc.step", ("1.1", ("sbfunc.engine", ("Duration",))))
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

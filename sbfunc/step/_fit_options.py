@@ -8,12 +8,14 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from sbfunc._namespace import REMOVED_IN
 from sbfunc.engine import Duration
 from sbfunc.step._evaluation import EvalFn
 
 __all__ = ["Checkpointing", "Evaluator", "grouped_options"]
 
-Path = str | os.PathLike[str]
+FilePath = str | os.PathLike[str]
+"""A file's path, as ``open`` takes it."""
 
 
 class Evaluator(NamedTuple):
@@ -63,9 +65,9 @@ class Checkpointing(NamedTuple):
         MosaicML Composer ``Trainer(save_folder=..., save_interval=..., load_path=...)``.
     """
 
-    save_to: Path | None = None
+    save_to: FilePath | None = None
     every: Duration | None = None
-    load_from: Path | None = None
+    load_from: FilePath | None = None
 
 
 _LEGACY = {
@@ -83,7 +85,7 @@ def grouped_options(
 ) -> tuple[Evaluator | None, Checkpointing]:
     """``(evaluator, checkpointing)`` from ``fit``'s arguments, the 1.0 keywords (``eval_data``,
     ``eval_fn``, ``eval_every``, ``checkpoint``, ``save_every``, ``load_from``) folded in with
-    a ``DeprecationWarning`` (removed in 1.2).
+    a ``DeprecationWarning`` (removed in 1.3).
 
     Raises:
         TypeError: for an unknown keyword, a 1.0 keyword beside its group, or a group of the
@@ -99,7 +101,7 @@ def grouped_options(
             raise TypeError(f"pass {name}= inside {group}=sbfunc.step.{spelling}, not beside it")
         warnings.warn(
             f"fit({name}=...) is now fit({group}=sbfunc.step.{spelling}) (sbfunc 1.1); the "
-            "old keyword is removed in 1.2",
+            f"old keyword is removed in {REMOVED_IN}",
             DeprecationWarning,
             stacklevel=3,
         )

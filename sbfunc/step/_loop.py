@@ -180,7 +180,7 @@ def fit(
             ``None``.
         **legacy: 1.0's ``eval_data``, ``eval_fn``, ``eval_every``, ``checkpoint``,
             ``save_every`` and ``load_from``, folded into the groups with a
-            ``DeprecationWarning`` (removed in 1.2).
+            ``DeprecationWarning`` (removed in 1.3).
 
     Returns:
         A :class:`FitResult`.

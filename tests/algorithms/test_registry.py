@@ -234,7 +234,6 @@ def test_every_algorithm_of_the_suite_has_a_case():
         A.MixUp,
         A.ProgressiveResizing,
         A.RandAugment,
-        A.SelectiveBackprop,
         A.SeqLengthWarmup,
         A.SAM,
         A.SqueezeExcite,

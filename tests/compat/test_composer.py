@@ -25,7 +25,7 @@ def _reference_should(d, b, start, end, interrupt):
 )
 def test_should_selective_backprop_matches_composer(d, b, start, end, interrupt):
     start, end = min(start, end), max(start, end)
-    assert sbfunc.compat.should_selective_backprop(
+    assert sbfunc.selective_backprop.should_selective_backprop(
         d, b, start, end, interrupt
     ) == _reference_should(d, b, start, end, interrupt)
 
@@ -46,7 +46,7 @@ def test_should_selective_backprop_matches_composer(d, b, start, end, interrupt)
 def test_should_selective_backprop_errors(kwargs, exc, msg):
     args = {"current_duration": 0.6, "batch_idx": 0, **kwargs}
     with pytest.raises(exc, match=msg):
-        sbfunc.compat.should_selective_backprop(**args)
+        sbfunc.selective_backprop.should_selective_backprop(**args)
 
 
 def _setup(n=32):
@@ -216,7 +216,7 @@ def test_select_using_loss_on_a_dict_batch_points_to_the_pytree_path(scale_facto
 def test_select_using_loss_defaults_are_composers():
     params = inspect.signature(sbfunc.compat.select_using_loss).parameters
     assert (params["keep"].default, params["scale_factor"].default) == (0.5, 1)
-    should = inspect.signature(sbfunc.compat.should_selective_backprop).parameters
+    should = inspect.signature(sbfunc.selective_backprop.should_selective_backprop).parameters
     assert [should[n].default for n in ("start", "end", "interrupt")] == [0.5, 0.9, 2]
 
 

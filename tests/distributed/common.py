@@ -60,7 +60,7 @@ def largest_logits(*, stateful: bool = False) -> Policy:
         sel = Selection(torch.sort(top).values)
         return sel, (state + features[sel.indices].sum(0) if stateful else state)
 
-    init = (lambda: torch.zeros(8)) if stateful else sbfunc.policies.EmptyState
+    init = (lambda: torch.zeros(8)) if stateful else sbfunc.types.EmptyState
     return sbfunc.policies.make_policy(init, rule, needs=("logits", "features", "targets"))
 
 

@@ -19,9 +19,10 @@ import sbfunc
 from sbfunc import distributed as sbdist
 from sbfunc import random as sbrandom
 from sbfunc.distributed._comm import nbytes
-from sbfunc.policies import EmptyState, Policy, SelectArgs, make_policy
+from sbfunc.policies import Policy, SelectArgs, make_policy
 from sbfunc.score import Signals
 from sbfunc.select import Selection, kept_count
+from sbfunc.types import EmptyState
 
 NEEDS = {"logits", "features", "targets"}
 KEY = sbrandom.key(3)

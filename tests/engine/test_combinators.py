@@ -195,7 +195,7 @@ def test_gates_validate_and_keep_names_in_chains():
 
 def test_flags_are_set_when_built_and_bind_builds_anew_without_changing_anything():
     # An unbound Selective Backprop: for_step returns a new one, so every combinator above it does.
-    sb = sbfunc.algorithms.SelectiveBackprop(0.0, 1.0, interrupt=0)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0)
     gated = on_events(during(sb, 0.25, 1.0), [Event.AFTER_DATALOADER, Event.INIT])
     assert gated.events == frozenset({Event.AFTER_DATALOADER})  # narrowed to the part's
     assert gated.uses_elapsed and gated.selects_samples

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
 from sbfunc.policies import (
-    EmptyState,
     as_scores,
     bernoulli_selection,
     check_ids,
@@ -15,6 +14,7 @@ from sbfunc.policies import (
     horvitz_thompson,
     make_policy,
 )
+from sbfunc.types import EmptyState
 from tests.policies.helpers import assert_mean_close, kept_counts, weighted_means
 
 probs = st.lists(st.floats(0.05, 1.0), min_size=1, max_size=12)

@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.policies import EmptyState, random_subset, rank_power, rho_loss, top_k
+from sbfunc.policies import random_subset, rank_power, rho_loss, top_k
 from sbfunc.select import Selection, kept_count, ranks
+from sbfunc.types import EmptyState
 from tests.policies.helpers import assert_mean_close, draws, weighted_means
 
 MAKERS = [rank_power, random_subset, top_k]

@@ -2,7 +2,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sbfunc._tracing import host_readable
 from sbfunc.random import _threefry
 from tests.random.helpers import SETTINGS
 
@@ -44,12 +43,3 @@ def test_counters_are_the_row_major_index():
     hi, lo = _threefry.counters((2, 3), torch.device("cpu"))
     assert hi == 0
     assert torch.equal(lo, torch.arange(6).reshape(2, 3))
-
-
-def test_host_readable_only_for_plain_eager_cpu_tensors():
-    t = torch.tensor([1, 2])
-    assert host_readable(t)
-    assert not host_readable(torch.empty(2, device="meta"))
-    seen = []
-    torch.func.vmap(lambda x: seen.append(host_readable(t)) or x)(torch.zeros(2))
-    assert seen == [False]

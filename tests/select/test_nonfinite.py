@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.policies import EmptyState, random_subset, rank_power, top_k
+from sbfunc.policies import random_subset, rank_power, top_k
 from sbfunc.select import kept_count, nonfinite_lowest, ranks
+from sbfunc.types import EmptyState
 from tests.policies.test_registry import NUM_IDS, POLICIES, ZERO_WEIGHT_PADDING, signals_for
 
 NAN, INF = float("nan"), float("inf")

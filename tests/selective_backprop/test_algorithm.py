@@ -132,7 +132,7 @@ def test_bind_refuses_a_spec_of_its_own_that_is_not_the_steps():
 def test_match_follows_composer_schedule(elapsed, batch_in_epoch, interrupt):
     sb = sbfunc.SelectiveBackprop(0.2, 0.7, 0.5, interrupt=interrupt)
     _, state = _model_state(elapsed=elapsed, batch_in_epoch=batch_in_epoch)
-    expected = sbfunc.compat.should_selective_backprop(
+    expected = sbfunc.selective_backprop.should_selective_backprop(
         elapsed, batch_in_epoch, 0.2, 0.7, interrupt
     )
     assert sb.match(sbfunc.Event.AFTER_DATALOADER, state) == expected
@@ -158,7 +158,7 @@ def test_prunes_every_leaf_in_batch_order(batch, keep, seed):
         torch.equal(a, b) if torch.is_tensor(a) else a == b for a, b in zip(got, want, strict=True)
     )
     assert out.samples_scored == n and out.sample_weights is None
-    assert out.key is state.key and out.own == sbfunc.policies.EmptyState()  # no key stored
+    assert out.key is state.key and out.own == sbfunc.types.EmptyState()  # no key stored
     assert state.batch is batch and state.samples_scored == 0  # the input state is untouched
 
 
