@@ -58,3 +58,8 @@ def quartiles(v: list[float]) -> tuple[float, float, float]:
     """First quartile, median and third quartile (all three the value itself for one)."""
     q = statistics.quantiles(v, n=4) if len(v) > 1 else [v[0]] * 3
     return q[0], statistics.median(v), q[2]
+
+
+def paired(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Quartiles of the per-round ratios ``a / b`` (two rows timed in the same rounds)."""
+    return quartiles([x / y for x, y in zip(a, b, strict=True)])

@@ -27,11 +27,10 @@ The optimizers take the learning rate as ``lr`` (torch's spelling) or ``learning
 """
 
 from sbfunc._finite import all_finite, keep_if_finite
-from sbfunc._namespace import api_dir
-from sbfunc.optim._accumulate import MultiStepsState, multi_steps
+from sbfunc._namespace import api_dir, moved_names
+from sbfunc.optim._accumulate import ItemsState, MultiStepsState, multi_steps, takes_items
 from sbfunc.optim._adam import adam, adamw, decoupled_adamw
 from sbfunc.optim._base import (
-    EmptyState,
     GradientTransformation,
     TransformRecord,
     apply_updates,
@@ -76,9 +75,9 @@ Optimizer = GradientTransformation
 __all__ = [
     "ApplyIfFiniteState",
     "ClipFormula",
-    "EmptyState",
     "GradientTransformation",
     "InjectHyperparamsState",
+    "ItemsState",
     "LossScaleState",
     "MaskedState",
     "MultiStepsState",
@@ -124,6 +123,7 @@ __all__ = [
     "skip_large_updates",
     "skip_not_finite",
     "stretch_schedule",
+    "takes_items",
     "trace",
     "unscale",
     "warmup_cosine_decay_schedule",
@@ -131,3 +131,4 @@ __all__ = [
 
 
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports
+__getattr__ = moved_names("sbfunc.optim", ("1.2", ("sbfunc.types", ("EmptyState",))))

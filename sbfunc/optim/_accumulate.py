@@ -28,7 +28,7 @@ from sbfunc.optim._skip import ShouldSkipUpdateFn, check_skip_flag
 from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_callable, check_int
 
-__all__ = ["MultiStepsState", "multi_steps"]
+__all__ = ["ItemsState", "MultiStepsState", "multi_steps", "takes_items"]
 
 
 class MultiStepsState(NamedTuple):
@@ -60,6 +60,29 @@ class MultiStepsState(NamedTuple):
     skip_state: Any = ()
 
 
+class ItemsState(NamedTuple):
+    """The state of :func:`multi_steps` with ``by_items=True``.
+
+    Attributes:
+        items: 0-d int64 tensor, the items (real tokens, rows) of the gradients accumulated
+            since the last inner update.
+        steps: the accumulation's :class:`MultiStepsState` (its ``acc_grads`` hold the sum of
+            each gradient times its items).
+
+    Example:
+        >>> from sbfunc import optim
+        >>> state = optim.multi_steps(optim.sgd(0.1), 2, by_items=True).init({"w": torch.ones(1)})
+        >>> state.items, state.steps.mini_step
+        (tensor(0), tensor(0))
+
+    References:
+        Hugging Face ``transformers`` ``Trainer`` (``num_items_in_batch``).
+    """
+
+    items: torch.Tensor
+    steps: MultiStepsState
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class _MultiSteps(TransformRecord):
     inner: GradientTransformation
@@ -69,21 +92,53 @@ class _MultiSteps(TransformRecord):
         default=None, metadata=HIDDEN_UNSET
     )
     accumulator_dtype: torch.dtype | None = dataclasses.field(default=None, metadata=HIDDEN_UNSET)
+    by_items: bool = dataclasses.field(default=False, metadata=HIDDEN_UNSET)
 
-    def init(self, params: Params) -> MultiStepsState:
+    def init(self, params: Params) -> MultiStepsState | ItemsState:
         zero = zero_count(params)
         acc = negative_zeros(kept_in(self.accumulator_dtype, params))
         skip_state: Any = ()
         if self.should_skip_update_fn is not None:  # its state's structure, as optax
             zeros = {k: torch.zeros_like(p) for k, p in params.items()}
             _, skip_state = self.should_skip_update_fn(zeros, zero, params)
-        return MultiStepsState(zero, zero.clone(), self.inner.init(params), acc, skip_state)
+        steps = MultiStepsState(zero, zero.clone(), self.inner.init(params), acc, skip_state)
+        return ItemsState(zero.clone(), steps) if self.by_items else steps
 
     def update(
-        self, updates: Params, state: MultiStepsState, params: Params | None = None
+        self,
+        updates: Params,
+        state: Any,
+        params: Params | None = None,
+        *,
+        items: int | torch.Tensor | None = None,
+    ) -> tuple[Params, Any]:
+        if not self.by_items:
+            if items is not None:
+                raise ValueError(
+                    "items= weighs the gradients of multi_steps(..., by_items=True); this "
+                    "multi_steps averages the batches' gradients (by_items=False)"
+                )
+            return self.step(updates, state, params, None)
+        n = _checked_items(items, state.items)
+        weighted = {k: g * n.to(g.dtype) for k, g in updates.items()}  # the sum's gradient
+        total = state.items + n
+        out, steps = self.step(weighted, state.steps, params, total)
+        emitted = steps.gradient_step != state.steps.gradient_step
+        taken = emitted | (steps.mini_step != state.steps.mini_step)  # not skipped
+        kept = torch.where(taken, total, state.items)
+        return out, ItemsState(torch.where(emitted, torch.zeros_like(kept), kept), steps)
+
+    def step(
+        self,
+        updates: Params,
+        state: MultiStepsState,
+        params: Params | None,
+        items: torch.Tensor | None,
     ) -> tuple[Params, MultiStepsState]:
+        """One call of the accumulation: skipped, accumulated, or the inner update on the
+        mean (divided by ``items``, the accumulated items, when given)."""
         if self.should_skip_update_fn is None:
-            return self.accumulate(updates, state, params)
+            return self.accumulate(updates, state, params, items)
         flag, skip_state = self.should_skip_update_fn(updates, state.gradient_step, params)
         skip = check_skip_flag(flag).to(state.mini_step.device)
         host = host_flag(skip)
@@ -93,16 +148,21 @@ class _MultiSteps(TransformRecord):
             )
             out = skipped_updates(self, self.inner, like, state.inner_state, params)
             return out, state._replace(skip_state=skip_state)
-        out, new = self.accumulate(updates, state, params)
+        out, new = self.accumulate(updates, state, params, items)
         if host is None:
             out = {k: torch.where(skip, -0.0, u) for k, u in out.items()}
             new = keep_if_finite(~skip, new, state)
         return out, new._replace(skip_state=skip_state)
 
     def accumulate(
-        self, updates: Params, state: MultiStepsState, params: Params | None
+        self,
+        updates: Params,
+        state: MultiStepsState,
+        params: Params | None,
+        items: torch.Tensor | None = None,
     ) -> tuple[Params, MultiStepsState]:
-        """Add ``updates`` to the accumulator; on the ``k``-th call, the inner update."""
+        """Add ``updates`` to the accumulator; on the ``k``-th call, the inner update of the
+        sum divided by ``k`` (``use_mean``) or by ``items``, when given."""
         kept = self.accumulator_dtype
         if kept is None:
             updates = cast_like(updates, state.acc_grads)  # in the parameters' dtype
@@ -116,7 +176,9 @@ class _MultiSteps(TransformRecord):
             out = skipped_updates(self, self.inner, updates, state.inner_state, params)
             return out, state._replace(mini_step=state.mini_step + 1, acc_grads=stored)
         grads = acc
-        if self.use_mean and self.every_k > 1:
+        if items is not None:  # by items: every item of the k batches weighs the same
+            grads = {k: a / items.clamp_min(1).to(a.dtype) for k, a in acc.items()}
+        elif self.use_mean and self.every_k > 1:
             grads = by_group(lambda a: (list(torch._foreach_div(a, self.every_k)),), acc)[0]
         if kept is not None:  # optax: the inner update sees the updates' dtype
             grads = cast_like(grads, updates)
@@ -143,6 +205,7 @@ def multi_steps(
     use_mean: bool = True,
     should_skip_update_fn: ShouldSkipUpdateFn | None = None,
     accumulator_dtype: torch.dtype | None = None,
+    by_items: bool = False,
 ) -> GradientTransformation:
     """Accumulate ``every_k`` gradients, then apply ``inner`` once to their mean (or sum).
 
@@ -170,6 +233,16 @@ def multi_steps(
     ``k`` (optax updates a running mean), and the accumulator is kept in the parameters'
     dtype unless ``accumulator_dtype`` says otherwise (optax: float32).
 
+    **By items** (``by_items=True``): each gradient is a mean over its batch's items (the
+    real tokens of a token loss, the rows of a row loss), and batches hold different numbers
+    of them (padding, prompts, token selection). The mean of the ``k`` batch means weighs a
+    batch of 6 real tokens like one of 28; with ``by_items`` every item of the ``k`` batches
+    weighs the same, as Hugging Face's ``num_items_in_batch`` does: ``update(g_i, state,
+    params, items=n_i)`` accumulates ``n_i * g_i`` and the inner update gets
+    ``sum_i n_i g_i / sum_i n_i``, the gradient of one step on the ``k`` batches together.
+    :func:`sbfunc.make_train_step` passes each step's items itself (the step's
+    ``tokens_backpropagated``, or its rows), so it must be the outermost transformation.
+
     Args:
         inner: the transformation to apply every ``k`` gradients.
         every_k: ``k``, the gradients per update, ``>= 1``.
@@ -181,14 +254,18 @@ def multi_steps(
             ``acc_grads`` is kept in: each sum is computed in the wider of it and the
             gradient's dtype and only the stored one rounded; the inner update gets the sum
             in the gradients' dtype (optax's rule).
+        by_items: weigh each gradient by its items (see above); ``update`` then takes
+            ``items=``, an int or a 0-d integer tensor ``>= 0``.
 
     Returns:
-        A :class:`GradientTransformation` with state :class:`MultiStepsState`.
+        A :class:`GradientTransformation` with state :class:`MultiStepsState`, or
+        :class:`ItemsState` with ``by_items``.
 
     Raises:
         TypeError: for arguments of the wrong type.
-        ValueError: if ``every_k < 1``; at ``update``, a ``should_skip`` that is not a 0-d
-            bool tensor.
+        ValueError: if ``every_k < 1``, or ``by_items`` with ``use_mean=False``; at
+            ``update``, a ``should_skip`` that is not a 0-d bool tensor, or ``items``
+            missing with ``by_items`` (or given without it).
 
     Example:
         >>> from sbfunc import optim
@@ -200,13 +277,28 @@ def multi_steps(
         tensor([-0.]) tensor(0)
         tensor([-2.]) tensor(1)
 
+        By items, a batch of 3 items and one of 1 (the mean over the 4 items):
+
+        >>> opt = optim.multi_steps(optim.sgd(1.0), 2, by_items=True)
+        >>> state = opt.init({"w": torch.zeros(1)})
+        >>> for g, n in ((1.0, 3), (5.0, 1)):
+        ...     updates, state = opt.update({"w": torch.tensor([g])}, state, items=n)
+        >>> updates["w"]
+        tensor([-2.])
+
     References:
         DeepMind optax ``MultiSteps``; MosaicML Composer's gradient accumulation
-        (``device_train_microbatch_size``).
+        (``device_train_microbatch_size``); Hugging Face ``transformers`` ``Trainer``
+        (``num_items_in_batch``: accumulation by tokens).
     """
     inner = check_transformation(inner, "inner")
     if should_skip_update_fn is not None:
         check_callable(should_skip_update_fn, "should_skip_update_fn")
+    if check_bool(by_items, "by_items") and not use_mean:
+        raise ValueError(
+            "by_items=True averages over the items of the k batches; it takes use_mean=True "
+            "(the default), got use_mean=False"
+        )
     return _MultiSteps(
         name="multi_steps",
         inner=inner,
@@ -214,4 +306,41 @@ def multi_steps(
         use_mean=check_bool(use_mean, "use_mean"),
         should_skip_update_fn=should_skip_update_fn,
         accumulator_dtype=check_dtype(accumulator_dtype, "accumulator_dtype"),
+        by_items=by_items,
     ).transformation()
+
+
+def takes_items(optimizer: GradientTransformation) -> bool:
+    """Whether ``optimizer`` is a :func:`multi_steps` with ``by_items=True`` (its ``update``
+    takes ``items=``; :func:`sbfunc.make_train_step` passes them).
+
+    Example:
+        >>> from sbfunc import optim
+        >>> optim.takes_items(optim.multi_steps(optim.sgd(0.1), 4, by_items=True))
+        True
+        >>> optim.takes_items(optim.multi_steps(optim.sgd(0.1), 4))
+        False
+    """
+    record = getattr(optimizer.update, "__self__", None)
+    return isinstance(record, _MultiSteps) and record.by_items
+
+
+def _checked_items(items: int | torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``items`` as a 0-d int64 tensor on ``like``'s device (checked from metadata only)."""
+    if items is None:
+        raise ValueError(
+            "multi_steps(..., by_items=True).update needs items=, the number of items (real "
+            "tokens, rows) the gradient averages; sbfunc.make_train_step passes it"
+        )
+    if isinstance(items, bool) or not isinstance(items, int | torch.Tensor):
+        raise TypeError(f"items must be an int or a 0-d integer tensor, got {items!r}")
+    if isinstance(items, int):
+        if items < 0:
+            raise ValueError(f"items must be >= 0, got {items}")
+        return torch.tensor(items, dtype=torch.int64, device=like.device)
+    if items.dim() != 0 or items.is_floating_point() or items.dtype == torch.bool:
+        raise TypeError(
+            f"items must be an int or a 0-d integer tensor, got a {items.dtype} tensor of "
+            f"shape {tuple(items.shape)}"
+        )
+    return items.to(device=like.device, dtype=torch.int64)

@@ -16,12 +16,11 @@ from sbfunc.optim._base import (
     scalar_like,
     zero_count,
 )
+from sbfunc.optim._moments import Lists
 from sbfunc.types import Params
 from sbfunc.validation import check_bool, check_real
 
 __all__ = ["ScaleByRmsState", "scale_by_rms"]
-
-Lists = list[torch.Tensor]
 
 
 class ScaleByRmsState(NamedTuple):

@@ -139,7 +139,7 @@ def scale(step_size: HParam) -> GradientTransformation:
 
     Example:
         >>> from sbfunc import optim
-        >>> optim.scale(-2.0).update({"w": torch.ones(2)}, optim.EmptyState())[0]
+        >>> optim.scale(-2.0).update({"w": torch.ones(2)}, sbfunc.types.EmptyState())[0]
         {'w': tensor([-2., -2.])}
 
     References:

@@ -23,7 +23,7 @@ __all__ = [
     "Before",
     "ObjectiveKind",
     "backpropagated",
-    "counted",
+    "count_tokens",
     "masked_mean",
     "start",
     "token_mean",
@@ -124,11 +124,11 @@ class Backpropagated(NamedTuple):
     tokens: torch.Tensor | None = None
 
 
-def counted(token_weights: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
+def count_tokens(token_weights: torch.Tensor, ok: torch.Tensor | None) -> torch.Tensor:
     """The tokens of nonzero weight in the rows where ``ok`` holds: a 0-d ``int64`` tensor.
 
     Example:
-        >>> counted(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([True, False]))
+        >>> count_tokens(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([True, False]))
         tensor(1)
     """
     nonzero = token_weights != 0
@@ -167,14 +167,14 @@ def backpropagated(
     ):
         tokens, weights = _checked_tokens(ctx, before)
         loss, denominator = token_mean(tokens, weights, ctx.sample_weights, used)
-        return Backpropagated(loss, before.losses, denominator, counted(weights, used))
+        return Backpropagated(loss, before.losses, denominator, count_tokens(weights, used))
     if ctx.losses is not before.losses or ctx.sample_weights is not before.weights:
         new_losses = ctx.losses
         check_losses(new_losses, n)
         assert isinstance(new_losses, torch.Tensor)  # check_losses raised otherwise
         return Backpropagated(masked_mean(new_losses, ctx.sample_weights, used), new_losses)
     real = before.token_weights  # zero on the rows left out already
-    count = None if real is None else counted(real, None)
+    count = None if real is None else count_tokens(real, None)
     return Backpropagated(before.loss, before.losses, before.denominator, count)
 
 

@@ -19,7 +19,7 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc._finite import finite_entries
 from sbfunc._gradients import check_losses, detach_tensors, differentiate, fresh_buffers
-from sbfunc._tracing import host_flag
+from sbfunc._tracing import host_flag, tracing
 from sbfunc.batch import batch_size
 from sbfunc.engine import Carry, Event, Time
 from sbfunc.module import ModuleLoss, TokenLosses, reduce_per_sample
@@ -115,7 +115,7 @@ class Objective(NamedTuple):
         Returns:
             A :class:`Differentiated`.
         """
-        context = carry.context
+        context, carry_in = carry.context, carry
         buffers, time = context.buffers, context.time
 
         def objective(p: Params) -> tuple[torch.Tensor, tuple[Any, ...]]:
@@ -146,7 +146,7 @@ class Objective(NamedTuple):
         if unscaled is not None:  # the loss, not the scaled one differentiated
             loss = unscaled.detach()
         return Differentiated(
-            self._detached(carry, inside, new_buffers, loss, losses, time),
+            self._detached(carry, carry_in if inside else None, new_buffers, loss, losses, time),
             grads,
             loss,
             used,
@@ -204,17 +204,17 @@ class Objective(NamedTuple):
     def _detached(
         self,
         carry: Carry,
-        inside: bool,
+        start: Carry | None,
         buffers: Params,
         loss: torch.Tensor,
         losses: torch.Tensor,
         time: Time,
     ) -> Carry:
         """The carry after the objective, detached: eagerly the aux may carry autograd
-        history, the outputs always, anything else only when algorithms ran inside the
-        objective (buffers update under no_grad)."""
-        if inside:
-            carry = detach_tensors(carry)
+        history, the outputs always, and, when algorithms ran inside the objective (``start``:
+        the carry they started from), whatever they changed (buffers update under no_grad)."""
+        if start is not None and not tracing():  # traced, torch.func detached the aux
+            carry = _changes_detached(carry, start)
         ctx = carry.context
         staged = isinstance(self.loss_fn, ModuleLoss)
         ctx = ctx._replace(
@@ -227,6 +227,27 @@ class Objective(NamedTuple):
             token_weights=None,
         )
         return carry._replace(context=ctx)
+
+
+def _changes_detached(carry: Carry, start: Carry) -> Carry:
+    """``carry`` with every value the algorithms inside the objective changed from ``start``
+    detached: the batch, the weights, the focused ``own``/``scratch``, and the states and
+    scratches they replaced. What they left alone is what the step started with, which has no
+    autograd history: it is not walked (a state may hold a whole reference model)."""
+
+    def fresh(new: Any, old: Any) -> Any:
+        return new if new is old else detach_tensors(new)
+
+    ctx, old = carry.context, start.context
+    ctx = ctx._replace(
+        batch=fresh(ctx.batch, old.batch),
+        sample_weights=fresh(ctx.sample_weights, old.sample_weights),
+        own=fresh(ctx.own, old.own),
+        scratch=fresh(ctx.scratch, old.scratch),
+    )
+    states = tuple(map(fresh, carry.algorithm_state, start.algorithm_state))
+    scratch = tuple(map(fresh, carry.scratch, start.scratch))
+    return carry._replace(context=ctx, algorithm_state=states, scratch=scratch)
 
 
 class Differentiated(NamedTuple):

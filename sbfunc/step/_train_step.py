@@ -46,7 +46,14 @@ from sbfunc.engine import (
     stream_ids,
 )
 from sbfunc.module import ModuleLoss
-from sbfunc.optim import GradientTransformation, apply_updates, loss_scale, scales_loss, unscale
+from sbfunc.optim import (
+    GradientTransformation,
+    apply_updates,
+    loss_scale,
+    scales_loss,
+    takes_items,
+    unscale,
+)
 from sbfunc.random import check_key
 from sbfunc.step._compile import CompilableStep
 from sbfunc.step._guard import NonFinite, NonFiniteGuard, opt_state_on_skip
@@ -110,6 +117,7 @@ class TrainStep(CompilableStep):
         super().__init__()
         self.precision = precision
         self.scales_loss = scales_loss(optimizer)  # dynamic_loss_scale: scale the loss
+        self.takes_items = takes_items(optimizer)  # multi_steps(by_items=True): pass them
         self.replicas = replicas
         self.microbatching = microbatching
         self.per_sample = per_sample
@@ -239,7 +247,10 @@ class TrainStep(CompilableStep):
         carry = fire(Event.AFTER_BACKWARD, carry._replace(context=context))
         context = carry.context
         grads = grads if context.grads is None else context.grads
-        updates, opt_state = self.optimizer.update(grads, context.opt_state, context.params)
+        items = {} if not self.takes_items else {"items": _items(tokens, used, n_bwd)}
+        updates, opt_state = self.optimizer.update(
+            grads, context.opt_state, context.params, **items
+        )
         new = (apply_updates(context.params, updates), opt_state, self._mutable(context.buffers))
         old = (
             context.params,
@@ -405,3 +416,11 @@ def _host_count(count: torch.Tensor | None) -> int:
     """A device count as a Python int where reading it costs no sync (on the CPU, outside a
     trace), else 0."""
     return 0 if count is None or not host_readable(count) else int(count)
+
+
+def _items(tokens: torch.Tensor | None, used: torch.Tensor | None, rows: int) -> Any:
+    """What the update averaged, for an optimizer that weighs gradients by it: the tokens of
+    a loss over tokens, else the rows the loss used."""
+    if tokens is not None:
+        return tokens
+    return rows if used is None else used.sum()

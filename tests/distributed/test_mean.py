@@ -5,6 +5,7 @@ two-process harness covers Comm itself)."""
 import pytest
 import torch
 
+import sbfunc
 from sbfunc import optim
 from sbfunc.distributed import Comm
 from sbfunc.distributed._mean import _MeanAcrossRanks, mean_across_ranks
@@ -16,7 +17,7 @@ def test_a_world_of_one_passes_the_updates_unchanged():
     updates = {"a": torch.randn(3), "b": torch.randn(2, 2, dtype=torch.float64)}
     out, state = opt.update(updates, opt.init(updates))
     assert_identical(out, updates)
-    assert state == optim.EmptyState()
+    assert state == sbfunc.types.EmptyState()
     assert "mean_across_ranks" in repr(opt)
 
 

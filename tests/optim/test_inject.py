@@ -270,7 +270,7 @@ def test_a_zero_that_leaves_a_part_out_stays_fixed():
     opt = optim.inject_hyperparams(optim.adam)(0.0, weight_decay=torch.tensor(0.0))
     state = opt.init(params)
     assert set(state.hyperparams) == {"lr", "weight_decay"}
-    assert state.inner_state[0] == optim.EmptyState()
+    assert state.inner_state[0] == sbfunc.types.EmptyState()
     state = state._replace(hyperparams={"lr": torch.tensor(0.1), **decayed})
     updates, _ = opt.update(params, state, params)
     plain = optim.adam(0.1, weight_decay=0.5)
@@ -317,7 +317,7 @@ def test_a_schedule_gives_the_optimizer_built_with_it_bit_for_bit(schedule):
         params,
         grads,
         state_of=lambda s: s.inner_state,
-        ref_state_of=lambda s: (s[0], optim.EmptyState()),
+        ref_state_of=lambda s: (s[0], sbfunc.types.EmptyState()),
     )
 
 

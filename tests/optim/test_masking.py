@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sbfunc
 from sbfunc import optim
 from tests.helpers import assert_identical
 from tests.optim.helpers import assert_steps_identical, grad_sequence, model_params
@@ -67,7 +68,7 @@ def test_update_requires_params():
 def test_empty():
     # optax test_empty (dict): no parameters at all
     opt = optim.masked(_sgd(), {})
-    assert opt.update({}, opt.init({})) == ({}, optim.MaskedState(optim.EmptyState()))
+    assert opt.update({}, opt.init({})) == ({}, optim.MaskedState(sbfunc.types.EmptyState()))
 
 
 @pytest.mark.parametrize("extra_key_in_mask", [False, True])
@@ -163,7 +164,7 @@ def test_set_to_zero():
     opt = optim.set_to_zero()
     updates, state = opt.update({"w": torch.tensor([1.0, float("nan")])}, opt.init({}))
     assert_identical(updates, {"w": torch.tensor([-0.0, -0.0])})
-    assert state == optim.EmptyState() and repr(opt) == "set_to_zero()"
+    assert state == sbfunc.types.EmptyState() and repr(opt) == "set_to_zero()"
 
 
 @SETTINGS

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import sbfunc
 from sbfunc import optim
 from tests.helpers import assert_identical
 from tests.optim.helpers import grad_sequence, model_params
@@ -197,6 +198,6 @@ def test_scale_takes_a_schedule():
         updates, state = opt.update({"w": torch.ones(1)}, state)
         outs.append(updates["w"].item())
     assert outs == [2.0, 1.0, 0.0]
-    assert isinstance(optim.scale(1.0).init({}), optim.EmptyState)
+    assert isinstance(optim.scale(1.0).init({}), sbfunc.types.EmptyState)
     with pytest.raises(TypeError, match="step_size must be a float or a schedule"):
         optim.scale("2")

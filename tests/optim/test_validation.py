@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import sbfunc
 from sbfunc import optim
 from tests.optim.helpers import assert_same, grad_sequence, model_params, run_ours, run_torch
 
@@ -93,7 +94,7 @@ def test_chain_checks_its_parts_and_its_state():
         optim.chain(optim.scale(1.0), object())
     opt = optim.chain(optim.scale(1.0), optim.scale(2.0))
     with pytest.raises(ValueError, match=r"a tuple of 2 states .* got 1 states"):
-        opt.update({"w": torch.ones(1)}, (optim.EmptyState(),))
+        opt.update({"w": torch.ones(1)}, (sbfunc.types.EmptyState(),))
 
 
 @pytest.mark.parametrize(
