@@ -334,21 +334,32 @@ _MODE_LAYERS: tuple[type[nn.Module], ...] = (
 
 
 def draws_randomness(module: nn.Module) -> bool:
-    """Whether ``module`` has layers that draw random numbers in training mode (dropout,
-    multi-head attention with its dropout, and any layer that declares the class attribute
-    ``random_forward = True``, such as stochastic depth's branches).
+    """Whether ``module`` has layers that draw random numbers in training mode (dropout with
+    ``p > 0``, multi-head attention with a dropout, and any layer that declares the class
+    attribute ``random_forward = True``, such as stochastic depth's branches). A dropout of 0
+    draws nothing (a model built with dropout layers and ``dropout=0``, as most language
+    models are for fine-tuning), so the step runs it without keyed randomness.
 
     Example:
         >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.1)))
         True
+        >>> sbfunc.module.draws_randomness(torch.nn.Sequential(torch.nn.Dropout(0.0)))
+        False
 
     References:
         PyTorch ``nn.Dropout``, ``nn.MultiheadAttention``.
     """
-    return any(
-        isinstance(m, _RANDOM_LAYERS) or getattr(m, "random_forward", False)
-        for m in module.modules()
-    )
+    return any(_draws(m) for m in module.modules())
+
+
+def _draws(layer: nn.Module) -> bool:
+    if getattr(layer, "random_forward", False):
+        return True
+    if isinstance(layer, nn.modules.dropout._DropoutNd):
+        return layer.p > 0
+    if isinstance(layer, nn.MultiheadAttention):
+        return layer.dropout > 0
+    return False
 
 
 def mode_dependent(module: nn.Module) -> bool:

@@ -51,6 +51,9 @@ def _unkeyed() -> dict[Callable[..., Any], str]:
 
 
 _UNKEYED = _unkeyed()
+_PLAIN: set[Callable[..., Any]] = set()
+"""The torch functions seen to draw nothing and to have no Python body: the mode passes them
+straight on (a set lookup, where deciding again costs three lookups and a type check per op)."""
 _RRELU = {torch.rrelu, torch.rrelu_, F.rrelu, F.rrelu_}
 # torch >= 2.13 can run a Python-level torch function's body with the mode still active (so
 # that MultiheadAttention's inner dropout is keyed too); older torch, and Dynamo, cannot.
@@ -122,6 +125,8 @@ class KeyedMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if func in _PLAIN:  # most calls: an op that draws nothing and has no body to enter
+            return func(*args, **kwargs)
         own_generator = kwargs.get("generator") is not None
         impl = _KEYED.get(func)
         if impl is not None and not own_generator:
@@ -147,6 +152,8 @@ class KeyedMode(TorchFunctionMode):
                     "Python-level torch function); run it eagerly on torch >= 2.13, or set its "
                     "dropout to 0 and add an nn.Dropout."
                 )
+        elif impl is None and name is None:
+            _PLAIN.add(func)
         return func(*args, **kwargs)
 
 

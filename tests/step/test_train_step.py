@@ -286,8 +286,10 @@ def test_keyed_model_is_detected_from_random_layers():
     dropout_model, _, _ = _setup(dropout=True)
     assert not _make(model).keyed_model
     assert _make(dropout_model).keyed_model
-    attention = nn.MultiheadAttention(4, 2)
-    assert _make(attention).keyed_model
+    assert _make(nn.MultiheadAttention(4, 2, dropout=0.1)).keyed_model
+    # a dropout of 0 draws nothing: no keyed randomness (its host cost is the step's)
+    assert not _make(nn.MultiheadAttention(4, 2)).keyed_model
+    assert not _make(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0))).keyed_model
     assert not sbfunc.make_train_step(lambda p, b, x: x, sbfunc.optim.sgd(0.1)).keyed_model
     assert _make(model, keyed_model=True).keyed_model
     assert not _make(dropout_model, keyed_model=False).keyed_model
