@@ -64,3 +64,13 @@ def resolve_face(dotted: str) -> Any:
             else importlib.import_module(".".join(dotted.split(".")[:i]))
         )
     return module
+
+
+def split(chunks: int | None = None, size: int | None = None) -> Any:
+    """``make_train_step``'s ``microbatching=``: a :class:`sbfunc.step.Microbatching` of
+    ``chunks`` or ``size`` rows, ``None`` for neither."""
+    import sbfunc
+
+    if chunks is None and size is None:
+        return None
+    return sbfunc.step.Microbatching(chunks=chunks, size=size)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -25,8 +25,8 @@ from sbfunc import random as sbrandom
 from sbfunc.distributed._comm import DEFAULT_BUCKET_BYTES, Comm
 from sbfunc.engine import DEFAULT_PASSES, Algorithm, Pass
 from sbfunc.optim import GradientTransformation
-from sbfunc.step import NonFinite, TrainStep, make_train_step
-from sbfunc.types import LossFn, Params, PerSample
+from sbfunc.step import TrainStep, make_train_step
+from sbfunc.types import LossFn, Params
 from sbfunc.validation import check_real
 
 __all__ = ["BufferSync", "DataParallel", "make_data_parallel_step"]
@@ -157,11 +157,7 @@ def make_data_parallel_step(
     comm: Comm | None = None,
     bucket_mb: float = DEFAULT_BUCKET_BYTES / 2**20,
     buffers: BufferSync = "broadcast",
-    nonfinite: NonFinite = "skip",
-    keyed_model: bool | None = None,
-    microbatches: int | None = None,
-    microbatch_size: int | None = None,
-    per_sample: PerSample = None,
+    **options: Any,
 ) -> TrainStep:
     """:func:`sbfunc.make_train_step` with ``replicas=DataParallel(comm, bucket_mb, buffers)``:
     every rank calls ``step(state, batch)`` on its own shard; gradients and loss are the mean
@@ -178,19 +174,16 @@ def make_data_parallel_step(
 
     Args:
         loss_fn: as for :func:`sbfunc.make_train_step` (so are ``optimizer``, ``algorithms``,
-            ``passes``, ``nonfinite``, ``keyed_model``, ``microbatches``,
-            ``microbatch_size`` and ``per_sample``).
+            ``passes`` and the ``options``).
         optimizer: the gradient transformation.
         algorithms: the algorithms to run.
         passes: the ordering passes.
         comm: the :class:`Comm`; ``None``: ``Comm()`` (as for :class:`DataParallel`).
         bucket_mb: the gradient bucket size in MiB, > 0.
         buffers: ``"broadcast"`` or ``"mean"`` (see :class:`DataParallel`).
-        nonfinite: ``"skip"``, ``"raise"`` or ``"allow"``.
-        keyed_model: draw the model's randomness from the state's key (``None``: auto).
-        microbatches: split each rank's kept rows into this many chunks.
-        microbatch_size: or into chunks of this many rows.
-        per_sample: which leaves of the batch are per-sample.
+        **options: :func:`sbfunc.make_train_step`'s keyword options (``nonfinite``,
+            ``keyed_model``, ``microbatching``: each rank's kept rows split, ``per_sample``,
+            ``precision``, ``objective``); ``replicas`` is this function's.
 
     Returns:
         A :class:`~sbfunc.step.TrainStep` whose ``replicas`` is the :class:`DataParallel`.
@@ -213,16 +206,7 @@ def make_data_parallel_step(
         PyTorch ``DistributedDataParallel`` (``bucket_cap_mb``, ``broadcast_buffers``); Li et
         al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel Training".
     """
+    if "replicas" in options:
+        raise TypeError("make_data_parallel_step makes its own replicas (comm=, bucket_mb=, ...)")
     replicas = DataParallel(Comm() if comm is None else comm, bucket_mb, buffers)
-    return make_train_step(
-        loss_fn,
-        optimizer,
-        algorithms,
-        passes,
-        nonfinite=nonfinite,
-        keyed_model=keyed_model,
-        microbatches=microbatches,
-        microbatch_size=microbatch_size,
-        per_sample=per_sample,
-        replicas=replicas,
-    )
+    return make_train_step(loss_fn, optimizer, algorithms, passes, replicas=replicas, **options)

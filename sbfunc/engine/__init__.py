@@ -44,7 +44,7 @@ from sbfunc.engine._ordering import (
 )
 from sbfunc.engine._plan import Plan, Planner
 from sbfunc.engine._run import Carry, advance_time, apply_planned, run_event, step_key
-from sbfunc.engine._state import Context, Duration, Time, TrainState
+from sbfunc.engine._state import Clock, Context, Duration, Time, TrainState
 from sbfunc.engine._trace import Trace, stream_ids, trace_labels, unpack_result
 from sbfunc.engine._writes import EVALUATION, Writable, in_step
 
@@ -56,6 +56,7 @@ __all__ = [
     "Algorithm",
     "ApplyResult",
     "Carry",
+    "Clock",
     "Context",
     "Duration",
     "ElapsedSchedule",

@@ -20,6 +20,7 @@ be baked into a compiled graph and recompile it every step.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, NamedTuple
 
 import torch
@@ -28,7 +29,7 @@ from sbfunc.select import Selection
 from sbfunc.types import Params
 from sbfunc.validation import check_int
 
-__all__ = ["Context", "Duration", "Time", "TrainState"]
+__all__ = ["Clock", "Context", "Duration", "Time", "TrainState"]
 
 
 class Time(NamedTuple):
@@ -118,6 +119,58 @@ class Time(NamedTuple):
             elapsed=self.elapsed if total is None else min(step / total, 1.0),
             samples_forwarded=self.samples_forwarded + forwarded,
             samples_backpropagated=self.samples_backpropagated + backpropagated,
+        )
+
+
+class Clock(NamedTuple):
+    """A step's start :class:`Time` packed into one ``int64`` tensor: one
+    host-to-device copy a step, where :meth:`Time.as_tensors` makes two, and one input of the
+    compiled core instead of eight. :meth:`time` unpacks it, inside the core, into the same
+    0-d tensors :meth:`Time.as_tensors` makes (bit for bit: ``elapsed`` travels as its
+    float64 bits and is rounded to float32 as ``torch.tensor(elapsed, dtype=float32)`` does).
+
+    Attributes:
+        values: ``int64 Tensor[7]``: ``step``, ``epoch``, ``batch_in_epoch``,
+            ``samples_forwarded``, ``samples_backpropagated``, ``total_steps`` (``-1`` while
+            unknown) and the float64 bits of ``elapsed``.
+        total_known: whether ``total_steps`` is known (a host value: the core's structure).
+
+    Example:
+        >>> from sbfunc.engine import Clock
+        >>> t = sbfunc.Time(step=7, elapsed=0.1, total_steps=70)
+        >>> Clock.of(t, "cpu").time(t) == t.as_tensors()
+        True
+    """
+
+    values: torch.Tensor
+    total_known: bool
+
+    @staticmethod
+    def of(time: Time, device: torch.device | str | None) -> Clock:
+        """``time``'s host numbers packed on ``device``."""
+        known = time.total_steps is not None
+        bits = struct.unpack("<q", struct.pack("<d", float(time.elapsed)))[0]
+        total = time.total_steps if known else -1
+        counts = (time.step, time.epoch, time.batch_in_epoch, time.samples_forwarded,
+                  time.samples_backpropagated, total, bits)  # fmt: skip
+        return Clock(torch.tensor(counts, dtype=torch.int64, device=device), known)
+
+    def time(self, host: Time) -> Time:
+        """The :class:`~sbfunc.Time` of 0-d tensors ``apply`` reads, with ``host``'s device
+        counters (``updates_skipped``, ``rows_nonfinite``; zeros where ``None``)."""
+        v = self.values.unbind()
+        zero = v[0].new_zeros(())
+        skipped, bad = host.updates_skipped, host.rows_nonfinite
+        return Time(
+            v[0],
+            v[1],
+            v[2],
+            v[6].view(torch.float64).to(torch.float32),
+            v[3],
+            v[4],
+            zero if skipped is None else skipped,
+            v[5] if self.total_known else None,
+            zero if bad is None else bad,
         )
 
 

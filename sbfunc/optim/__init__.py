@@ -45,6 +45,7 @@ from sbfunc.optim._loss_scale import (
     dynamic_loss_scale,
     loss_scale,
     scales_loss,
+    state_on_skip,
     unscale,
 )
 from sbfunc.optim._masking import MaskedState, masked, set_to_zero
@@ -122,6 +123,7 @@ __all__ = [
     "sgd",
     "skip_large_updates",
     "skip_not_finite",
+    "state_on_skip",
     "stretch_schedule",
     "takes_items",
     "trace",

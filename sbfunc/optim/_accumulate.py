@@ -92,7 +92,7 @@ class _MultiSteps(TransformRecord):
         default=None, metadata=HIDDEN_UNSET
     )
     accumulator_dtype: torch.dtype | None = dataclasses.field(default=None, metadata=HIDDEN_UNSET)
-    by_items: bool = dataclasses.field(default=False, metadata=HIDDEN_UNSET)
+    by_items: bool | None = dataclasses.field(default=None, metadata=HIDDEN_UNSET)  # None: off
 
     def init(self, params: Params) -> MultiStepsState | ItemsState:
         zero = zero_count(params)
@@ -306,7 +306,7 @@ def multi_steps(
         use_mean=check_bool(use_mean, "use_mean"),
         should_skip_update_fn=should_skip_update_fn,
         accumulator_dtype=check_dtype(accumulator_dtype, "accumulator_dtype"),
-        by_items=by_items,
+        by_items=by_items or None,  # shown in the repr only when set
     ).transformation()
 
 
@@ -322,7 +322,7 @@ def takes_items(optimizer: GradientTransformation) -> bool:
         False
     """
     record = getattr(optimizer.update, "__self__", None)
-    return isinstance(record, _MultiSteps) and record.by_items
+    return isinstance(record, _MultiSteps) and bool(record.by_items)
 
 
 def _checked_items(items: int | torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,14 @@ from sbfunc.optim._finite import update_if
 from sbfunc.types import Params
 from sbfunc.validation import check_int, check_real
 
-__all__ = ["LossScaleState", "dynamic_loss_scale", "loss_scale", "scales_loss", "unscale"]
+__all__ = [
+    "LossScaleState",
+    "dynamic_loss_scale",
+    "loss_scale",
+    "scales_loss",
+    "state_on_skip",
+    "unscale",
+]
 
 
 class LossScaleState(NamedTuple):
@@ -171,3 +178,23 @@ def unscale(grads: Params, scale: torch.Tensor) -> Params:
         return (list(torch._foreach_div(g, scale.to(g[0].device))),)
 
     return by_group(divide, grads)[0]
+
+
+def state_on_skip(new: Any, old: Any) -> Any:
+    """The optimizer state a skipped update keeps: ``old``, the state before it, except for
+    :func:`dynamic_loss_scale`, which handles a non-finite update itself: its new state (the
+    scale backed off on an overflow, which must persist or the scale never shrinks) with the
+    inner optimizer's state from before.
+
+    Example:
+        >>> from sbfunc.optim import LossScaleState, state_on_skip
+        >>> old, new = LossScaleState(torch.tensor(4.0), torch.tensor(7), "old"), "new"
+        >>> state_on_skip(LossScaleState(torch.tensor(2.0), torch.tensor(0), new), old)
+        LossScaleState(scale=tensor(2.), good_steps=tensor(0), inner='old')
+
+    References:
+        PyTorch ``torch.amp.GradScaler`` (a skipped step still updates the scale).
+    """
+    if isinstance(new, LossScaleState) and isinstance(old, LossScaleState):
+        return new._replace(inner=old.inner)
+    return old

@@ -11,11 +11,12 @@ from sbfunc._namespace import api_dir, moved_names
 from sbfunc.step._build import make_train_step
 from sbfunc.step._evaluation import Evaluation, evaluate
 from sbfunc.step._fit_options import Checkpointing, Evaluator
-from sbfunc.step._guard import NonFinite
 from sbfunc.step._loop import FitResult, fit
+from sbfunc.step._microbatch import Microbatching
+from sbfunc.step._records import BATCH_EVENTS, NonFinite, StepMetrics, StepPlan
 from sbfunc.step._replicas import ONE_PROCESS, Replicas
 from sbfunc.step._sequence import NonFiniteRowsWarning, SkippedUpdatesWarning
-from sbfunc.step._train_step import BATCH_EVENTS, StepMetrics, StepPlan, TrainStep
+from sbfunc.step._train_step import TrainStep
 
 __all__ = [
     "BATCH_EVENTS",
@@ -24,6 +25,7 @@ __all__ = [
     "Evaluation",
     "Evaluator",
     "FitResult",
+    "Microbatching",
     "NonFinite",
     "NonFiniteRowsWarning",
     "Replicas",

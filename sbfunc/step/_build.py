@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
+from sbfunc._namespace import REMOVED_IN
 from sbfunc._rows import check_per_sample
 from sbfunc.engine import DEFAULT_PASSES, Algorithm, Pass
 from sbfunc.module import ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation, scales_loss
-from sbfunc.step._means import ObjectiveKind
-from sbfunc.step._microbatch import microbatching
-from sbfunc.step._objective import AUTOCAST, Precision
+from sbfunc.step._microbatch import Microbatching, check_microbatching
+from sbfunc.step._objective import AUTOCAST, ObjectiveKind, Precision
+from sbfunc.step._records import NonFinite
 from sbfunc.step._replicas import ONE_PROCESS, Replicas
-from sbfunc.step._train_step import NonFinite, TrainStep
+from sbfunc.step._train_step import TrainStep
 from sbfunc.types import LossFn, PerSample
-from sbfunc.validation import check_choice
+from sbfunc.validation import check_bool, check_choice
 
 __all__ = ["make_train_step"]
 
@@ -27,12 +30,12 @@ def make_train_step(
     *,
     nonfinite: NonFinite = "skip",
     keyed_model: bool | None = None,
-    microbatches: int | None = None,
-    microbatch_size: int | None = None,
+    microbatching: Microbatching | None = None,
     per_sample: PerSample = None,
     replicas: Replicas = ONE_PROCESS,
     precision: Precision = "fp32",
     objective: ObjectiveKind = "tokens",
+    **legacy: Any,
 ) -> TrainStep:
     """Build a pure training step ``step(state, batch) -> (state, metrics)``.
 
@@ -59,10 +62,12 @@ def make_train_step(
     ``state.time.updates_skipped``, without a host sync; ``"raise"`` raises
     ``FloatingPointError`` instead (reading the flag syncs); ``"allow"`` applies it.
 
-    **Microbatching** (gradient accumulation): with ``microbatches=k`` or ``microbatch_size=m``
-    the rows kept after ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into
-    chunks; ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up
-    to the whole batch's exactly (see :mod:`sbfunc.step`, also for BatchNorm).
+    **Microbatching** (gradient accumulation): with
+    ``microbatching=sbfunc.step.Microbatching(chunks=k)`` (or ``size=m``) the rows kept after
+    ``BEFORE_FORWARD`` (after Selective Backprop's selection) are split into chunks;
+    ``AFTER_FORWARD`` ... ``BEFORE_BACKWARD`` fire per chunk and the gradients add up to the
+    whole batch's exactly (see :class:`~sbfunc.step.Microbatching`, also for BatchNorm); a
+    token selection still ranks the whole batch's tokens.
 
     **Mixed precision** (Composer's ``precision=``): ``"amp_bf16"`` or ``"amp_fp16"`` run the
     forward and the loss under ``torch.autocast`` on the parameters' device with that dtype;
@@ -89,8 +94,8 @@ def make_train_step(
         keyed_model: draw the model's random operations from the state's key; ``None``
             (default) does so when ``loss_fn`` is a ``per_sample_loss`` of a module with
             dropout (or multi-head attention) layers.
-        microbatches: split the kept rows into this many chunks (``None``: no split).
-        microbatch_size: or into chunks of this many rows, the last one smaller.
+        microbatching: how to split the kept rows (:class:`~sbfunc.step.Microbatching`:
+            ``chunks=k`` near-equal chunks, or chunks of ``size=m`` rows); ``None``: no split.
         per_sample: which leaves of the batch are per-sample (:data:`sbfunc.types.PerSample`),
             to count its rows; ``None`` infers them. It must be the spec of every algorithm
             that prunes rows (``SelectiveBackprop(per_sample=...)``).
@@ -109,6 +114,8 @@ def make_train_step(
             ``"amp_fp16"`` without :func:`sbfunc.optim.dynamic_loss_scale`, a loss scale with
             ``nonfinite="allow"``, or an algorithm pruning with another ``per_sample`` spec
             than ``per_sample``.
+        DeprecationWarning: for 1.1's ``microbatches=`` / ``microbatch_size=`` (now
+            ``microbatching=``; removed in 1.3).
 
     Example:
         >>> model = torch.nn.Linear(4, 3)
@@ -125,7 +132,45 @@ def make_train_step(
         MosaicML Composer's training loop events; optax's ``init``/``update``; optax
         ``apply_if_finite``; ``jax.jit(train_step)``.
     """
-    check_loss_fn(loss_fn)  # a module or a criterion is refused here, naming per_sample_loss
+    loss_fn = _training_loss(check_loss_fn(loss_fn))
+    _check_optimizer(optimizer)
+    check_choice(nonfinite, "nonfinite", ("skip", "raise", "allow"))
+    _check_precision(precision, optimizer, nonfinite)
+    check_choice(objective, "objective", ("tokens", "rows"))
+    split = _microbatching(microbatching, legacy)
+    if keyed_model is None:
+        keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
+    check_bool(keyed_model, "keyed_model", fix="or None")
+    check_per_sample(per_sample)
+    if not isinstance(replicas, Replicas):
+        raise TypeError(
+            "replicas must be sbfunc.step.ONE_PROCESS or an "
+            f"sbfunc.distributed.DataParallel, got {type(replicas).__name__}"
+        )
+    algorithms = _for_step(algorithms, loss_fn, per_sample)
+    return TrainStep(
+        loss_fn, optimizer, algorithms, tuple(passes), nonfinite, keyed_model, split,
+        per_sample=per_sample, replicas=replicas, precision=precision, objective=objective,
+    )  # fmt: skip
+
+
+def _training_loss(loss_fn: LossFn) -> LossFn:
+    """A :class:`~sbfunc.module.ModuleLoss` in train mode (``"auto"`` becomes ``"train"``);
+    an eval-mode one is refused (it would train without dropout, BatchNorm frozen)."""
+    if not isinstance(loss_fn, ModuleLoss):
+        return loss_fn
+    if loss_fn.mode == "eval":
+        raise ValueError(
+            "loss_fn evaluates the model in eval mode (per_sample_loss(..., mode='eval')), "
+            "so the step would train without dropout and with BatchNorm frozen on its "
+            "running statistics; leave mode at its default ('auto': the step trains in "
+            "train mode) or pass mode='train'"
+        )
+    return loss_fn.with_mode("train") if loss_fn.mode == "auto" else loss_fn
+
+
+def _check_optimizer(optimizer: object) -> None:
+    """Raise unless ``optimizer`` is a gradient transformation (``init`` and ``update``)."""
     if type(optimizer).__module__.split(".")[0] == "torchopt":
         raise TypeError(
             "torchopt optimizers are not supported (their update returns deltas and they do not "
@@ -140,51 +185,48 @@ def make_train_step(
             "(updates, state): a gradient transformation such as sbfunc.optim.adam(1e-3); "
             f"got {type(optimizer).__name__}"
         )
-    if isinstance(loss_fn, ModuleLoss):
-        if loss_fn.mode == "eval":
-            raise ValueError(
-                "loss_fn evaluates the model in eval mode (per_sample_loss(..., mode='eval')), "
-                "so the step would train without dropout and with BatchNorm frozen on its "
-                "running statistics; leave mode at its default ('auto': the step trains in "
-                "train mode) or pass mode='train'"
-            )
-        if loss_fn.mode == "auto":
-            loss_fn = loss_fn.with_mode("train")
-    algorithms = tuple(algorithms)
+
+
+def _for_step(
+    algorithms: Sequence[Algorithm], loss_fn: LossFn, per_sample: PerSample
+) -> tuple[Algorithm, ...]:
+    """Each algorithm bound to the step's loss and per-sample spec (a spec of its own that
+    disagrees is refused there)."""
     for i, a in enumerate(algorithms):
         if not isinstance(a, Algorithm):
             raise TypeError(f"algorithms[{i}] must be an sbfunc.Algorithm, got {type(a).__name__}")
-    if nonfinite not in ("skip", "raise", "allow"):
-        raise ValueError(f"nonfinite must be 'skip', 'raise' or 'allow', got {nonfinite!r}")
-    _check_precision(precision, optimizer, nonfinite)
-    check_choice(objective, "objective", ("tokens", "rows"))
-    if keyed_model is None:
-        keyed_model = isinstance(loss_fn, ModuleLoss) and draws_randomness(loss_fn.module)
-    elif not isinstance(keyed_model, bool):
-        raise TypeError(f"keyed_model must be True, False or None, got {keyed_model!r}")
-    # Each algorithm takes the step's loss and per-sample spec (a spec of its own that
-    # disagrees is refused there).
-    check_per_sample(per_sample)
-    if not isinstance(replicas, Replicas):
-        raise TypeError(
-            "replicas must be sbfunc.step.ONE_PROCESS or an "
-            f"sbfunc.distributed.DataParallel, got {type(replicas).__name__}"
+    return tuple(a.for_step(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
+
+
+def _microbatching(
+    microbatching: Microbatching | None, legacy: dict[str, Any]
+) -> Microbatching | None:
+    """``microbatching``, checked, or 1.1's ``microbatches=``/``microbatch_size=`` folded in
+    with a ``DeprecationWarning`` (removed in 1.3)."""
+    unknown = sorted(set(legacy) - {"microbatches", "microbatch_size"})
+    if unknown:
+        raise TypeError(f"make_train_step() got unexpected keyword arguments {unknown}")
+    if legacy:
+        if microbatching is not None:
+            raise TypeError("give microbatching=Microbatching(...) alone, without microbatches=")
+        spelled = ", ".join(f"{k}={v!r}" for k, v in legacy.items())
+        warnings.warn(
+            f"make_train_step({spelled}) is now make_train_step(microbatching="
+            "sbfunc.step.Microbatching(chunks=k) or Microbatching(size=m)) (sbfunc 1.2); the "
+            f"old keywords are removed in {REMOVED_IN}",
+            DeprecationWarning,
+            stacklevel=3,
         )
-    algorithms = tuple(a.for_step(loss_fn=loss_fn, per_sample=per_sample) for a in algorithms)
-    split = microbatching(microbatches, microbatch_size)
-    return TrainStep(
-        loss_fn,
-        optimizer,
-        algorithms,
-        tuple(passes),
-        nonfinite,
-        keyed_model,
-        split,
-        per_sample=per_sample,
-        replicas=replicas,
-        precision=precision,
-        objective=objective,
-    )
+        chunks, size = legacy.get("microbatches"), legacy.get("microbatch_size")
+        microbatching = None if chunks is None and size is None else Microbatching(chunks, size)
+    if microbatching is None:
+        return None
+    if not isinstance(microbatching, Microbatching):
+        raise TypeError(
+            "microbatching must be an sbfunc.step.Microbatching (chunks=k or size=m) or None, "
+            f"got {microbatching!r:.60}"
+        )
+    return check_microbatching(microbatching)
 
 
 def _check_precision(precision: object, optimizer: GradientTransformation, nonfinite: str) -> None:

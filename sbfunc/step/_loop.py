@@ -13,8 +13,9 @@ from tqdm.auto import tqdm
 from sbfunc.engine import Duration, Event, TrainState
 from sbfunc.step._evaluation import EvalFn, Evaluation
 from sbfunc.step._fit_options import Checkpointing, Evaluator, grouped_options
+from sbfunc.step._records import StepMetrics
 from sbfunc.step._sequence import Data, Loop, epoch_batches, load_into, step_fields
-from sbfunc.step._train_step import StepMetrics, TrainStep
+from sbfunc.step._train_step import TrainStep
 from sbfunc.validation import check_int
 
 __all__ = ["FitResult", "fit"]
@@ -229,45 +230,52 @@ def fit(
     """
     evaluator, checkpointing = grouped_options(evaluator, checkpointing, legacy)
     _check_inputs(step, state, data)
-    steps_per_epoch = _steps_per_epoch(data, steps_per_epoch)
-    total = Duration(epochs, steps).total_steps(steps_per_epoch)
-    check_int(log_every, "log_every", low=1)
-    limit = min(total, _positive(stop_after, "stop_after") or total)
-    if not isinstance(history, bool):
-        raise TypeError(f"history must be True or False, got {history!r}")
-    eval_on = _eval_config(evaluator)
-    save_on = _save_config(checkpointing.save_to, checkpointing.every)
-    _positive(iteration_epochs, "iteration_epochs")
-    load_from = checkpointing.load_from
-    if load_from is not None and not isinstance(load_from, str | os.PathLike):
-        raise TypeError(
-            f"Checkpointing.load_from must be a path or None, got {type(load_from).__name__}"
-        )
-
-    state = state.replace(time=state.time._replace(total_steps=total))  # loads into it too
-    state = load_into(step, state, load_from)
-    t = state.time
-    state = state.replace(time=t._replace(total_steps=total, elapsed=min(t.step / total, 1.0)))
-    state = step.run_event(Event.FIT_START, state)[0]
+    spe = _steps_per_epoch(data, steps_per_epoch)
+    total = Duration(epochs, steps).total_steps(spe)
+    options = _loop_options(total, log_every, stop_after, history, iteration_epochs)
+    options.update(eval_on=_eval_config(evaluator), save_on=_save_config(checkpointing))
+    state = _started(step, state, total, _load_from(checkpointing))
     bar = tqdm(total=total, initial=state.time.step, disable=not progress, unit="step")
-    loop = Loop(
-        step,
-        data,
-        steps_per_epoch,
-        total,
-        limit,
-        eval_on=eval_on,
-        save_on=save_on,
-        iteration_epochs=iteration_epochs,
-        history=history,
-        bar=bar,
-        log_every=log_every if progress else None,
-    )
+    log = log_every if progress else None
+    loop = Loop(step, data, spe, total, bar=bar, log_every=log, **options)
     try:
         state = _run(loop, state)
     finally:
         bar.close()
     return FitResult(state, loop.kept, tuple(loop.evaluations))
+
+
+def _loop_options(
+    total: int, log_every: int, stop_after: int | None, history: bool, iteration: int | None
+) -> dict[str, Any]:
+    """``fit``'s loop settings, checked: its step limit, ``history``, ``iteration_epochs``."""
+    check_int(log_every, "log_every", low=1)
+    if not isinstance(history, bool):
+        raise TypeError(f"history must be True or False, got {history!r}")
+    limit = min(total, _positive(stop_after, "stop_after") or total)
+    iteration = _positive(iteration, "iteration_epochs")
+    return {"limit": limit, "history": history, "iteration_epochs": iteration}
+
+
+def _load_from(checkpointing: Checkpointing) -> str | os.PathLike[str] | None:
+    load_from = checkpointing.load_from
+    if load_from is not None and not isinstance(load_from, str | os.PathLike):
+        raise TypeError(
+            f"Checkpointing.load_from must be a path or None, got {type(load_from).__name__}"
+        )
+    return load_from
+
+
+def _started(
+    step: TrainStep, state: TrainState, total: int, load_from: str | os.PathLike[str] | None
+) -> TrainState:
+    """The state the loop starts from: the run's length set, ``load_from`` loaded into it
+    (``BEFORE_LOAD``/``AFTER_LOAD``), ``elapsed`` from its step, then ``FIT_START``."""
+    state = state.replace(time=state.time._replace(total_steps=total))  # loads into it too
+    state = load_into(step, state, load_from)
+    t = state.time
+    state = state.replace(time=t._replace(total_steps=total, elapsed=min(t.step / total, 1.0)))
+    return step.run_event(Event.FIT_START, state)[0]
 
 
 def _check_inputs(step: TrainStep, state: TrainState, data: Data) -> None:
@@ -337,9 +345,8 @@ def _eval_config(evaluator: Evaluator | None) -> tuple[Any, EvalFn, tuple[str, i
     return data, eval_fn, interval
 
 
-def _save_config(
-    path: str | os.PathLike[str] | None, every: Duration | None
-) -> tuple[str, tuple[str, int]] | None:
+def _save_config(checkpointing: Checkpointing) -> tuple[str, tuple[str, int]] | None:
+    path, every = checkpointing.save_to, checkpointing.every
     if path is None:
         if every is not None:
             raise ValueError("Checkpointing.every needs save_to=path")

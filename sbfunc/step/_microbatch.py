@@ -35,7 +35,7 @@ from sbfunc.step._objective import Differentiated, Fire, Objective
 from sbfunc.step._records import Gradients
 from sbfunc.types import Params, PerSample
 
-__all__ = ["Microbatching", "accumulate", "microbatching"]
+__all__ = ["Microbatching", "accumulate", "check_microbatching"]
 
 _CHUNK_STREAM = zlib.crc32(b"sbfunc.microbatch") | (1 << 42)  # never another stream id
 
@@ -76,32 +76,33 @@ class Microbatching(NamedTuple):
         return (self.size,) * q + ((r,) if r else ())
 
 
-def microbatching(microbatches: int | None, microbatch_size: int | None) -> Microbatching | None:
-    """Validate ``make_train_step``'s microbatching arguments.
-
-    Returns:
-        ``None`` when neither is given (no microbatching), else a :class:`Microbatching`.
+def check_microbatching(split: Microbatching) -> Microbatching:
+    """Validate a :class:`Microbatching` (``make_train_step``'s ``microbatching=``) and return
+    it.
 
     Raises:
-        ValueError: if both are given, or one is not an int >= 1.
+        ValueError: unless exactly one field is set, to an int >= 1.
+        TypeError: for a field that is not an int.
 
     Example:
-        >>> microbatching(None, None) is None, microbatching(2, None)
-        (True, Microbatching(chunks=2, size=None))
+        >>> check_microbatching(Microbatching(chunks=2))
+        Microbatching(chunks=2, size=None)
+        >>> check_microbatching(Microbatching(chunks=2, size=8))
+        Traceback (most recent call last):
+        ...
+        ValueError: Microbatching takes exactly one of chunks and size, got chunks=2, size=8
     """
-    if microbatches is not None and microbatch_size is not None:
+    if (split.chunks is None) == (split.size is None):
         raise ValueError(
-            "give at most one of microbatches and microbatch_size, got "
-            f"microbatches={microbatches!r}, microbatch_size={microbatch_size!r}"
+            "Microbatching takes exactly one of chunks and size, got "
+            f"chunks={split.chunks!r}, size={split.size!r}"
         )
-    for name, value in (("microbatches", microbatches), ("microbatch_size", microbatch_size)):
+    for name, value in (("chunks", split.chunks), ("size", split.size)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"{name} must be an int >= 1 or None, got {value!r}")
+            raise TypeError(f"Microbatching.{name} must be an int >= 1, got {value!r}")
         if value is not None and value < 1:
-            raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-    if microbatches is None and microbatch_size is None:
-        return None
-    return Microbatching(microbatches, microbatch_size)
+            raise ValueError(f"Microbatching.{name} must be an int >= 1, got {value!r}")
+    return split
 
 
 def _scaled_sum(total: Params | None, grads: Params, scale: float | torch.Tensor) -> Params:

@@ -13,7 +13,8 @@ import torch
 from sbfunc import checkpoint as ckpt
 from sbfunc.engine import Event, TrainState
 from sbfunc.step._evaluation import EvalFn, Evaluation, evaluate
-from sbfunc.step._train_step import StepMetrics, TrainStep
+from sbfunc.step._records import StepMetrics
+from sbfunc.step._train_step import TrainStep
 
 __all__ = [
     "Data",

@@ -8,6 +8,7 @@ import torch
 import sbfunc
 from sbfunc import random as sbrandom
 from tests.algorithms.test_registry import CASES, ImageNet, TokenNet, _data, _loss, _sb
+from tests.helpers import split
 from tests.meta import META, all_meta
 from tests.meta import to_meta as _meta
 
@@ -21,7 +22,9 @@ def test_a_step_with_the_algorithm_never_reads_the_device(name, microbatch_size)
     train = _loss(model, case.kind, "train")
     algorithms = [*case.algorithms(model, train), _sb(model, case.kind)]
     optimizer = sbfunc.optim.sgd(0.1) if case.optimizer is None else case.optimizer
-    step = sbfunc.make_train_step(train, optimizer, algorithms, microbatch_size=microbatch_size)
+    step = sbfunc.make_train_step(
+        train, optimizer, algorithms, microbatching=split(size=microbatch_size)
+    )
     params, buffers = _meta(sbfunc.split_module(model, clone=True))
     state = step.init(params, buffers, key=sbrandom.key(0).to(META), total_steps=6)
     for batch in _data(case.kind)[:2]:

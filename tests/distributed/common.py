@@ -17,6 +17,7 @@ from sbfunc import random as sbrandom
 from sbfunc.policies import Policy
 from sbfunc.score import Signals
 from sbfunc.select import Selection
+from tests.helpers import split as chunked
 
 WORLD, N, BATCH, EPOCHS = 2, 48, 8, 2  # 3 steps per epoch of 16 global rows
 KEY = sbrandom.key(11)
@@ -164,7 +165,7 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
     split = scenario.microbatch_size
     if comm is None:
         step = sbfunc.make_train_step(
-            loss_fn, sbfunc.optim.adam(1e-2), algs, microbatch_size=split
+            loss_fn, sbfunc.optim.adam(1e-2), algs, microbatching=chunked(size=split)
         )
     else:
         step = sbdist.make_data_parallel_step(
@@ -173,7 +174,7 @@ def build(scenario: Scenario, comm: sbdist.Comm | None, *, algorithms: bool = Tr
             algs,
             comm=comm,
             bucket_mb=1e-4,
-            microbatch_size=split,
+            microbatching=chunked(size=split),
         )
     return step, step.init(params, buffers, key=KEY)
 

@@ -19,6 +19,7 @@ from sbfunc import distributed as sbdist
 from sbfunc import random as sbrandom
 from sbfunc.distributed import _comm as comm_module
 from sbfunc.distributed._scope import _Scope
+from tests.helpers import split
 from tests.meta import META, all_meta, empty, host_read, sbfunc_frames, sync_site, to_meta
 
 N, NUM_IDS = 16, 64
@@ -90,7 +91,7 @@ def _run(comm, wrapper=None, *, buffers="broadcast", microbatch_size=None, nonfi
         [sb] if wrapper else [],
         comm=comm,
         buffers=buffers,
-        microbatch_size=microbatch_size,
+        microbatching=split(size=microbatch_size),
         nonfinite=nonfinite,
     )
     params, state_buffers = to_meta(sbfunc.split_module(model, clone=True))
@@ -147,5 +148,5 @@ def test_with_the_counts_known_only_a_global_selection_reads_again(comms, monkey
 def test_nonfinite_raise_reads_only_in_the_guard(comms, world):
     with host_read() as error:
         _run(comms[world](), "local", nonfinite="raise")
-    assert sync_site(error.value) == ("step/_guard.py", "_raise_if_nonfinite")
+    assert sync_site(error.value) == ("step/_train_step.py", "_raise_if_nonfinite")
     assert ("step/_train_step.py", "finish") in sbfunc_frames(error.value)

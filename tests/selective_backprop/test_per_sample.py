@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import random as sbrandom
 from sbfunc.types import ROWS
+from tests.helpers import split
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
@@ -95,7 +96,12 @@ def make_run(classes, sb_kwargs, *, spec=SPEC, **step_kwargs):
     trained = []
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, per_sample=spec, **sb_kwargs)
     step = sbfunc.make_train_step(
-        loss_fn, sbfunc.optim.sgd(0.1), [sb, Spy(classes, trained)], per_sample=spec, **step_kwargs
+        loss_fn,
+        sbfunc.optim.sgd(0.1),
+        [sb, Spy(classes, trained)],
+        per_sample=spec,
+        microbatching=split(size=step_kwargs.pop("microbatch_size", None)),
+        **step_kwargs,
     )
     g = torch.Generator().manual_seed(classes)
     params = {"w": torch.randn(classes, 4, generator=g) * 0.1, "b": torch.zeros(classes)}

@@ -10,6 +10,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
+from tests.helpers import split
 
 E = sbfunc.Event
 LOSS_EVENTS = [E.AFTER_LOSS, E.BEFORE_BACKWARD]
@@ -114,8 +115,8 @@ def test_sample_weights_set_on_after_loss_weight_the_loss():
 def test_loss_changes_hold_under_microbatching(event):
     alg = [Write(event, "loss", lambda s: 2.0 * s.loss + 0.0 * s.losses.sum())]
     whole, m_whole = _one_step(alg)
-    split, m_split = _one_step(alg, microbatch_size=5)
-    assert _close(whole.params, split.params)
+    parts, m_split = _one_step(alg, microbatching=split(size=5))
+    assert _close(whole.params, parts.params)
     assert torch.allclose(m_whole.loss, m_split.loss)
 
 

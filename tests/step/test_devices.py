@@ -13,10 +13,11 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
+from tests.helpers import split
 from tests.meta import META, all_meta, empty, host_read, sbfunc_frames, sync_site, to_meta
 
 N, EPOCHS, STEPS_PER_EPOCH = 8, 2, 3
-GUARD_AT = ("step/_guard.py", "_raise_if_nonfinite")
+GUARD_AT = ("step/_train_step.py", "_raise_if_nonfinite")
 
 
 def _build(nonfinite="skip", sb=True, microbatch_size=None):
@@ -29,7 +30,7 @@ def _build(nonfinite="skip", sb=True, microbatch_size=None):
         sbfunc.optim.adam(1e-3),
         algorithms,
         nonfinite=nonfinite,
-        microbatch_size=microbatch_size,
+        microbatching=split(size=microbatch_size),
     )
     params, buffers = to_meta(sbfunc.split_module(model, clone=True))
     return loss_fn, step, step.init(params, buffers, key=sbrandom.key(0).to(META))

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import sbfunc
+from tests.helpers import split
 from tests.meta import META, all_meta, to_meta
 
 N, D, C = 12, 5, 3
@@ -19,7 +20,7 @@ def _step(policy=None, *, compile=False, microbatches=None):
     if policy is not None:
         algorithms = [sbfunc.SelectiveBackprop(start=0.0, end=1.0, interrupt=0, policy=policy)]
     step = sbfunc.make_train_step(
-        loss_fn, sbfunc.optim.sgd(0.1), algorithms, microbatches=microbatches
+        loss_fn, sbfunc.optim.sgd(0.1), algorithms, microbatching=split(chunks=microbatches)
     )
     if compile:
         step.compile(backend="eager", fullgraph=True)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import sbfunc
 from sbfunc import random as sbrandom
 from sbfunc.step import Checkpointing, Evaluator
-from tests.helpers import assert_identical
+from tests.helpers import assert_identical, split
 
 E = sbfunc.Event
 SPE = 3  # batches per epoch
@@ -61,7 +61,7 @@ def _setup(algorithms, *, microbatches=None):
     params, buffers = sbfunc.split_module(model, clone=True)
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
     step = sbfunc.make_train_step(
-        loss_fn, sbfunc.optim.sgd(0.1), algorithms, microbatches=microbatches
+        loss_fn, sbfunc.optim.sgd(0.1), algorithms, microbatching=split(chunks=microbatches)
     )
     state = step.init(params, buffers, key=sbrandom.key(0))
     g = torch.Generator().manual_seed(1)

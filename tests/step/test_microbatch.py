@@ -10,7 +10,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.step._microbatch import Microbatching, microbatching
+from sbfunc.step import Microbatching
 
 E = sbfunc.Event
 
@@ -86,7 +86,12 @@ def _run(kind, bn=False, steps=3, **split):
 
 @pytest.mark.parametrize("kind", ["none", "sb", "sb-weighted", "smoothing"])
 @pytest.mark.parametrize(
-    "split", [{"microbatches": 2}, {"microbatches": 4}, {"microbatch_size": 2}]
+    "split",
+    [
+        {"microbatching": Microbatching(chunks=2)},
+        {"microbatching": Microbatching(chunks=4)},
+        {"microbatching": Microbatching(size=2)},
+    ],
 )
 def test_equals_the_unsplit_step(kind, split):
     whole, wm = _run(kind)
@@ -101,7 +106,7 @@ def test_equals_the_unsplit_step(kind, split):
 
 def test_one_chunk_is_the_unsplit_step_bit_for_bit():
     whole, _ = _run("sb")
-    one, _ = _run("sb", microbatch_size=100)
+    one, _ = _run("sb", microbatching=Microbatching(size=100))
     assert all(torch.equal(one.params[k], whole.params[k]) for k in whole.params)
 
 
@@ -127,7 +132,9 @@ def test_selection_comes_first_then_the_kept_rows_split():
     model, data = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb, Sizes()], microbatch_size=2)
+    step = sbfunc.make_train_step(
+        loss_fn, sbfunc.optim.sgd(0.1), [sb, Sizes()], microbatching=Microbatching(size=2)
+    )
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     state, metrics = step(state, data[0])
     # 10 rows, 5 kept, then chunks of 2, 2 and 1 (full chunks: the kept rows fill them)
@@ -147,7 +154,7 @@ def test_selection_comes_first_then_the_kept_rows_split():
 
 def test_batchnorm_statistics_update_chunk_by_chunk():
     model, data = _setup(bn=True)
-    state, _ = _run("none", bn=True, steps=1, microbatches=2)
+    state, _ = _run("none", bn=True, steps=1, microbatching=Microbatching(chunks=2))
     assert int(state.buffers["1.num_batches_tracked"]) == 2
     bn = model[1]
     bn.train()
@@ -176,7 +183,7 @@ def test_each_chunk_draws_its_own_keys_and_the_first_keeps_the_steps():
     model, data = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     draws = []
-    for split in ({}, {"microbatches": 3}):
+    for split in ({}, {"microbatching": Microbatching(chunks=3)}):
         step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [Draw()], **split)
         state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
         draws.append(step(state, data[0])[0].algorithm_state[0])
@@ -185,23 +192,31 @@ def test_each_chunk_draws_its_own_keys_and_the_first_keeps_the_steps():
 
 
 @pytest.mark.parametrize(
-    ("args", "exc", "msg"),
+    ("split", "exc", "msg"),
     [
-        ((2, 3), ValueError, "at most one of microbatches and microbatch_size"),
-        ((0, None), ValueError, "microbatches must be an int >= 1"),
-        ((None, 2.0), TypeError, "microbatch_size must be an int >= 1"),
-        ((True, None), TypeError, "microbatches must be an int >= 1"),
+        (Microbatching(2, 3), ValueError, "exactly one of chunks and size"),
+        (Microbatching(), ValueError, "exactly one of chunks and size"),
+        (Microbatching(chunks=0), ValueError, r"Microbatching.chunks must be an int >= 1"),
+        (Microbatching(size=2.0), TypeError, r"Microbatching.size must be an int >= 1"),
+        (Microbatching(chunks=True), TypeError, r"Microbatching.chunks must be an int >= 1"),
+        (2, TypeError, "microbatching must be an sbfunc.step.Microbatching"),
     ],
 )
-def test_validation(args, exc, msg):
-    with pytest.raises(exc, match=msg):
-        microbatching(*args)
+def test_validation(split, exc, msg):
     model, _ = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     with pytest.raises(exc, match=msg):
-        sbfunc.make_train_step(
-            loss_fn, sbfunc.optim.sgd(0.1), microbatches=args[0], microbatch_size=args[1]
-        )
+        sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), microbatching=split)
+
+
+def test_the_1_1_keywords_warn_and_split_alike():
+    model, _ = _setup()
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
+    with pytest.warns(DeprecationWarning, match=r"microbatching=sbfunc.step.Microbatching"):
+        old = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), microbatch_size=3)
+    assert old.microbatching == Microbatching(size=3)
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), micro_batches=3)
 
 
 def test_the_core_compiles_with_fullgraph_after_selection():
@@ -210,7 +225,9 @@ def test_the_core_compiles_with_fullgraph_after_selection():
     model, data = _setup()
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=0.5, interrupt=0)
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [sb], microbatch_size=2)
+    step = sbfunc.make_train_step(
+        loss_fn, sbfunc.optim.sgd(0.1), [sb], microbatching=Microbatching(size=2)
+    )
     state = step.init(*sbfunc.split_module(model, clone=True), key=sbrandom.key(0))
     plan = step.plan(state, data[0])
     core = torch.compile(step.core, fullgraph=True, backend="aot_eager")  # one graph: dynamo's

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sbfunc
 from sbfunc.selective_backprop import TokenSelection
-from tests.helpers import lm_loss, tiny_lm
+from tests.helpers import lm_loss, split, tiny_lm
 
 L, V, N = 9, 257, 6
 
@@ -70,8 +70,8 @@ def _assert_same(a, ma, b, mb):
 @given(
     name=st.sampled_from(sorted(SELECTIONS)),
     split=st.one_of(
-        st.builds(lambda k: {"microbatches": k}, st.integers(2, N)),
-        st.builds(lambda m: {"microbatch_size": m}, st.integers(1, N - 1)),
+        st.builds(lambda k: {"microbatching": split(chunks=k)}, st.integers(2, N)),
+        st.builds(lambda m: {"microbatching": split(size=m)}, st.integers(1, N - 1)),
     ),
     seed=st.integers(0, 50),
 )
@@ -83,7 +83,7 @@ def test_a_step_is_invariant_to_the_microbatch_split(name, split, seed):
 
 def test_the_issue_case_two_microbatches_and_token_selection():
     whole = _run("tokens_by_loss", {}, 7)
-    halves = _run("tokens_by_loss", {"microbatches": 2}, 7)
+    halves = _run("tokens_by_loss", {"microbatching": split(chunks=2)}, 7)
     _assert_same(*whole, *halves)
 
 
@@ -93,13 +93,13 @@ def test_a_selection_that_changes_the_loss_is_refused_when_microbatched():
             ctx = super().apply(event, ctx)
             return ctx.replace(token_losses=ctx.token_losses * 2)
 
-    step, state = _build(Rewrites(0.5, score="loss"), {"microbatches": 2})
+    step, state = _build(Rewrites(0.5, score="loss"), {"microbatching": split(chunks=2)})
     with pytest.raises(ValueError, match=r"changed ctx\.token_losses in a microbatched step"):
         step(state, _batch(0))
 
 
 @pytest.mark.slow
 def test_a_compiled_microbatched_token_selection_matches_eager():
-    eager = _run("tokens_by_loss", {"microbatches": 3}, 3)
-    compiled = _run("tokens_by_loss", {"microbatches": 3}, 3, compile=True)
+    eager = _run("tokens_by_loss", {"microbatching": split(chunks=3)}, 3)
+    compiled = _run("tokens_by_loss", {"microbatching": split(chunks=3)}, 3, compile=True)
     _assert_same(*eager, *compiled)

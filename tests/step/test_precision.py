@@ -15,7 +15,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import optim
-from tests.helpers import assert_identical
+from tests.helpers import assert_identical, split
 
 
 def _model(seed=0):
@@ -129,9 +129,11 @@ def test_a_power_of_two_loss_scale_changes_nothing_when_finite(power, microbatch
     def opt(seen):
         return optim.chain(optim.clip_by_global_norm(0.5), _recording(optim.sgd(0.1), seen))
 
-    plain = sbfunc.make_train_step(loss_fn, opt(seen_plain), microbatches=microbatches)
+    plain = sbfunc.make_train_step(
+        loss_fn, opt(seen_plain), microbatching=split(chunks=microbatches)
+    )
     scaled_opt = optim.dynamic_loss_scale(opt(seen_scaled), init_scale=2.0**power)
-    scaled = sbfunc.make_train_step(loss_fn, scaled_opt, microbatches=microbatches)
+    scaled = sbfunc.make_train_step(loss_fn, scaled_opt, microbatching=split(chunks=microbatches))
     a, ma = _run(plain, model, _batches(2))
     b, mb = _run(scaled, model, _batches(2))
     assert_identical(seen_plain, seen_scaled)

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sbfunc
+from tests.helpers import split
 
 V, D = 5, 4
 
@@ -85,7 +86,7 @@ def test_the_objective_is_hugging_faces_token_mean(criterion, batch):
 @settings(max_examples=15, deadline=None)
 @given(batch=token_batches(min_rows=3), size=st.integers(1, 2))
 def test_microbatches_combine_by_tokens_not_rows(criterion, batch, size):
-    model, step, state = _step(criterion, microbatch_size=size)
+    model, step, state = _step(criterion, microbatching=split(size=size))
     new, metrics = step(state, batch)
     loss, params = _expected_update(model, state.params, batch, criterion)
     torch.testing.assert_close(metrics.loss, loss, rtol=1e-10, atol=1e-12)
