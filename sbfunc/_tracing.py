@@ -3,7 +3,8 @@
 The eager fast paths of sbfunc branch on host values (a flag, a key's words) where reading
 them costs nothing, and compute every case with tensor ops otherwise: under ``torch.compile``,
 a ``torch.func`` transform or a jit trace, and for a tensor on an accelerator (reading it would
-sync).
+sync). :func:`replace_by_constructor` gives a ``NamedTuple`` a ``_replace`` whose copy every
+torch's compiler rebuilds whole (torch 2.11's did not).
 """
 
 from __future__ import annotations
