@@ -45,3 +45,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(s in item.nodeid for s in SLOW):
             item.add_marker(pytest.mark.slow)
+        if "compile" in item.nodeid:  # the torch matrix runs -m "not slow or compile" (noxfile)
+            item.add_marker(pytest.mark.compile)

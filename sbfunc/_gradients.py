@@ -80,21 +80,24 @@ torch_pytree.register_pytree_node(
     lambda _, ctx: _Static(ctx),
     serialized_type_name="sbfunc",
 )
-_TENSOR = object()  # marks a tensor's place among the static leaves
 
 
 def _split(tree: Any) -> tuple[tuple[torch.Tensor, ...], _Static]:
     # torch's own pytree, not optree: the compiler traces it natively (optree breaks graphs).
     leaves, spec = torch_pytree.tree_flatten(tree)
-    tensors = tuple(x for x in leaves if isinstance(x, torch.Tensor))
-    static = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves)
-    return tensors, _Static((spec, static))
+    # The tensors' places by index, not by a sentinel object compared with ``is``: torch
+    # 2.11's dynamo fails on ``SymInt is object()`` (an int leaf that became dynamic).
+    slots = tuple(i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor))
+    static = tuple(None if isinstance(x, torch.Tensor) else x for x in leaves)
+    return tuple(leaves[i] for i in slots), _Static((spec, static, slots))
 
 
 def _join(tensors: tuple[torch.Tensor, ...], static: _Static) -> Any:
-    spec, leaves = static.value
-    it = iter(tensors)
-    return torch_pytree.tree_unflatten([next(it) if x is _TENSOR else x for x in leaves], spec)
+    spec, leaves, slots = static.value
+    out = list(leaves)
+    for i, t in zip(slots, tensors, strict=True):
+        out[i] = t
+    return torch_pytree.tree_unflatten(out, spec)
 
 
 def differentiate(

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.engine._algorithm import Algorithm
 from sbfunc.engine._events import Event
 from sbfunc.engine._ordering import DEFAULT_PASSES, Pass
@@ -30,6 +31,7 @@ __all__ = ["Carry", "advance_time", "apply_planned", "leaf_key", "run_event", "s
 _EVENT_INDEX = {e: i for i, e in enumerate(Event)}
 
 
+@replace_by_constructor
 class Carry(NamedTuple):
     """What the engine carries through a step: the context and the algorithms' states.
 

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.select import Selection
 from sbfunc.types import Params
 from sbfunc.validation import check_int
@@ -32,6 +33,7 @@ from sbfunc.validation import check_int
 __all__ = ["Clock", "Context", "Duration", "Time", "TrainState"]
 
 
+@replace_by_constructor
 class Time(NamedTuple):
     """Training progress: the one clock of a run.
 
@@ -174,6 +176,7 @@ class Clock(NamedTuple):
         )
 
 
+@replace_by_constructor
 class TrainState(NamedTuple):
     """Everything that persists from one training step to the next, as one immutable pytree.
 
@@ -221,6 +224,7 @@ class TrainState(NamedTuple):
         return _replace(self, changes)
 
 
+@replace_by_constructor
 class Context(NamedTuple):
     """What one algorithm sees when it is applied on one event.
 

@@ -22,21 +22,31 @@ from sbfunc.validation import check_bool
 __all__ = ["adam", "adamw", "decoupled_adamw"]
 
 
-def _check_adam(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The checked arguments of an Adam optimizer (``given``: its ``locals()``), in the order
-    of its repr; ``mu_dtype`` only when set."""
-    lr = learning_rate_of(name, given["lr"], given["learning_rate"])
-    checked = check_adam(
-        given["b1"], given["b2"], given["eps"], given["amsgrad"], given["mu_dtype"]
-    )
+def _check_adam(
+    name: str,
+    lr: HParam | None,
+    learning_rate: HParam | None,
+    b1: float,
+    b2: float,
+    eps: float,
+    weight_decay: HParam,
+    amsgrad: bool,
+    maximize: bool,
+    mu_dtype: torch.dtype | None,
+) -> dict[str, Any]:
+    """The checked arguments of an Adam optimizer, in the order of its repr; ``mu_dtype`` only
+    when set. Given one by one, not as ``locals()``: ``inject_hyperparams`` builds the optimizer
+    inside the (compiled) update, and torch 2.11's dynamo cannot trace ``locals()``."""
+    rate = learning_rate_of(name, lr, learning_rate)
+    checked = check_adam(b1, b2, eps, amsgrad, mu_dtype)
     args = {
-        "lr": check_real_or_schedule(lr, "lr" if given["lr"] is not None else "learning_rate"),
+        "lr": check_real_or_schedule(rate, "lr" if lr is not None else "learning_rate"),
         "b1": checked["b1"],
         "b2": checked["b2"],
         "eps": checked["eps"],
-        "weight_decay": check_real_or_schedule(given["weight_decay"], "weight_decay"),
+        "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
         "amsgrad": checked["amsgrad"],
-        "maximize": check_bool(given["maximize"], "maximize"),
+        "maximize": check_bool(maximize, "maximize"),
     }
     if checked["mu_dtype"] is not None:
         args["mu_dtype"] = checked["mu_dtype"]
@@ -135,7 +145,9 @@ def adam(
         "On the Convergence of Adam and Beyond" (AMSGrad); PyTorch ``torch.optim.Adam``;
         DeepMind optax ``adam``.
     """
-    args = _check_adam("adam", locals())
+    args = _check_adam(
+        "adam", lr, learning_rate, b1, b2, eps, weight_decay, amsgrad, maximize, mu_dtype
+    )
     return _adam("adam", args, l2=True)
 
 
@@ -192,7 +204,9 @@ def adamw(
         Loshchilov and Hutter 2019, "Decoupled Weight Decay Regularization"; PyTorch
         ``torch.optim.AdamW``; DeepMind optax ``adamw``.
     """
-    args = _check_adam("adamw", locals())
+    args = _check_adam(
+        "adamw", lr, learning_rate, b1, b2, eps, weight_decay, amsgrad, maximize, mu_dtype
+    )
     return _adam("adamw", args, l2=False)
 
 
@@ -255,6 +269,7 @@ def decoupled_adamw(
         MosaicML Composer ``composer.optim.DecoupledAdamW``; Loshchilov and Hutter 2019,
         "Decoupled Weight Decay Regularization"; PyTorch ``torch.optim.AdamW``.
     """
-    args = _check_adam("decoupled_adamw", locals())
+    args = _check_adam("decoupled_adamw", lr, learning_rate, b1, b2, eps, weight_decay,
+                       amsgrad, maximize, mu_dtype)  # fmt: skip
     start = check_initial_lr(initial_lr, args["lr"])
     return _adam("decoupled_adamw", args, l2=False, initial_lr=start)

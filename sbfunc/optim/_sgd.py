@@ -28,17 +28,29 @@ from sbfunc.validation import check_bool
 __all__ = ["decoupled_sgdw", "sgd"]
 
 
-def _check_sgd(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The checked arguments of an SGD optimizer (``given``: its ``locals()``), in the order of
-    its repr; ``accumulator_dtype`` only when set."""
-    lr = learning_rate_of(name, given["lr"], given["learning_rate"])
+def _check_sgd(
+    name: str,
+    lr: HParam | None,
+    learning_rate: HParam | None,
+    momentum: float,
+    dampening: float,
+    nesterov: bool,
+    weight_decay: HParam,
+    maximize: bool,
+    accumulator_dtype: torch.dtype | None,
+) -> dict[str, Any]:
+    """The checked arguments of an SGD optimizer, in the order of its repr;
+    ``accumulator_dtype`` only when set. Given one by one, not as ``locals()``:
+    ``inject_hyperparams`` builds the optimizer inside the (compiled) update, and torch 2.11's
+    dynamo cannot trace ``locals()``."""
+    rate = learning_rate_of(name, lr, learning_rate)
     args = {
-        "lr": check_real_or_schedule(lr, "lr" if given["lr"] is not None else "learning_rate"),
-        **check_momentum(given["momentum"], given["dampening"], given["nesterov"]),
-        "weight_decay": check_real_or_schedule(given["weight_decay"], "weight_decay"),
-        "maximize": check_bool(given["maximize"], "maximize"),
+        "lr": check_real_or_schedule(rate, "lr" if lr is not None else "learning_rate"),
+        **check_momentum(momentum, dampening, nesterov),
+        "weight_decay": check_real_or_schedule(weight_decay, "weight_decay"),
+        "maximize": check_bool(maximize, "maximize"),
     }
-    kept = check_dtype(given["accumulator_dtype"], "accumulator_dtype")
+    kept = check_dtype(accumulator_dtype, "accumulator_dtype")
     if kept is not None:
         args["accumulator_dtype"] = kept
     return args
@@ -124,7 +136,8 @@ def sgd(
         Sutskever et al. 2013, "On the importance of initialization and momentum in deep
         learning"; DeepMind optax ``sgd``.
     """
-    args = _check_sgd("sgd", locals())
+    args = _check_sgd("sgd", lr, learning_rate, momentum, dampening, nesterov,
+                      weight_decay, maximize, accumulator_dtype)  # fmt: skip
     parts = [*_head(args, l2=True), scale_by_learning_rate(args["lr"])]
     return optimizer_of(call_repr("sgd", args), parts)
 
@@ -187,7 +200,8 @@ def decoupled_sgdw(
         MosaicML Composer ``composer.optim.DecoupledSGDW``; Loshchilov and Hutter 2019,
         "Decoupled Weight Decay Regularization"; PyTorch ``torch.optim.SGD``.
     """
-    args = _check_sgd("decoupled_sgdw", locals())
+    args = _check_sgd("decoupled_sgdw", lr, learning_rate, momentum, dampening, nesterov,
+                      weight_decay, maximize, accumulator_dtype)  # fmt: skip
     args["initial_lr"] = start = check_initial_lr(initial_lr, args["lr"])
     parts = [*_head(args, l2=False), scale_by_learning_rate(args["lr"])]
     if not is_zero(args["weight_decay"]):

@@ -183,7 +183,9 @@ def keyed(k: Key) -> KeyedMode:
     (torch 2.13): it does not route ``rand_like``, ``randn_like``, ``randint_like`` and
     tensor-``normal`` through modes, so compiled, these draw from torch's generator (spell
     them ``torch.rand(x.shape, ...)``); and it cannot re-enter a mode inside a Python-level
-    torch function, so compiled, ``MultiheadAttention`` with dropout raises. ``k``'s
+    torch function, so compiled, ``MultiheadAttention`` with dropout raises. Torch 2.11's
+    Dynamo also leaves a compiled ``torch.rand`` and ``torch.randn`` to torch's generator (the
+    dropout family and ``scaled_dot_product_attention`` are keyed there too). ``k``'s
     ``fold_in`` children are also ``split(k)``'s children, so give the mode a key of its own.
 
     Args:

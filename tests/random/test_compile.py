@@ -1,7 +1,12 @@
+import pytest
 import torch
 import torch.nn.functional as F
 
 from sbfunc import random as sbrandom
+
+# Dynamo routes a compiled torch.rand/randn through the keyed mode from torch 2.13 on; torch
+# 2.11 leaves them to torch's generator (the dropout family and sdpa are keyed on both).
+TORCH = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
 
 
 def test_keys_noise_and_keyed_ops_compile_fullgraph_and_match_eager():
@@ -15,11 +20,10 @@ def test_keys_noise_and_keyed_ops_compile_fullgraph_and_match_eager():
         with sbrandom.keyed(k_model):
             y = model(x)
             attention = F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-            r = torch.rand(2)
         u = sbrandom.uniform(k_noise, (5,))
         z = sbrandom.normal(k_noise, (5,))
         b = sbrandom.bernoulli(k_noise, 0.3, (5,))
-        return y, attention, r, u, z, b
+        return y, attention, u, z, b
 
     compiled = torch.compile(step, fullgraph=True)
     key = sbrandom.key(0)
@@ -31,5 +35,19 @@ def test_keys_noise_and_keyed_ops_compile_fullgraph_and_match_eager():
             else:
                 torch.testing.assert_close(g, e)
         assert torch.equal(got[0] == 0, expected[0] == 0)  # the same dropout mask
-        assert torch.equal(got[2], expected[2]) and torch.equal(got[3], expected[3])  # bitwise
-    assert not torch.equal(compiled(key, torch.tensor(3))[3], compiled(key, torch.tensor(4))[3])
+        assert torch.equal(got[2], expected[2])  # bitwise
+    assert not torch.equal(compiled(key, torch.tensor(3))[2], compiled(key, torch.tensor(4))[2])
+
+
+@pytest.mark.xfail(
+    TORCH < (2, 13), strict=True, reason="dynamo < 2.13 leaves a compiled torch.rand unkeyed"
+)
+def test_keyed_rand_and_randn_compile_fullgraph_and_match_eager():
+    def draw(key):
+        with sbrandom.keyed(key):
+            return torch.rand(2), torch.randn(3)
+
+    compiled = torch.compile(draw, fullgraph=True, backend="eager")
+    for seed in (0, 1):
+        got, expected = compiled(sbrandom.key(seed)), draw(sbrandom.key(seed))
+        assert all(torch.equal(g, e) for g, e in zip(got, expected, strict=True))

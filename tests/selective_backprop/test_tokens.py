@@ -170,12 +170,13 @@ def test_the_arguments_and_the_loss_are_checked():
         step(state, (torch.randn(4, 3), torch.randint(0, 2, (4,))))
 
 
-def test_token_selection_compiles_fullgraph():
+@pytest.mark.parametrize("score", ["excess", "loss", "uniform"])
+def test_token_selection_compiles_fullgraph(score):
     ref = _lm(seed=5)
     reference = reference_model(_loss(ref), *sbfunc.split_module(ref))
     rows = _rows()
-    eager = _step(TokenSelection(0.5, reference=reference))
-    compiled = _step(TokenSelection(0.5, reference=reference), compile=True)
+    eager = _step(TokenSelection(0.5, reference=reference, score=score))
+    compiled = _step(TokenSelection(0.5, reference=reference, score=score), compile=True)
     _, ma = eager[1](eager[2], rows)
     _, mb = compiled[1](compiled[2], rows)
     torch.testing.assert_close(ma.loss, mb.loss)
