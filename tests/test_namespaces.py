@@ -97,9 +97,16 @@ def test_the_top_level_is_the_spine_and_the_sub_packages():
     assert "MixUp" not in dir(sbfunc) and "take" not in dir(sbfunc)
 
 
+INTERNAL_FACES = {"sbfunc.engine.internal"}
+ENGINE_INTERNALS = ("Carry", "Plan", "Planner", "advance_time", "apply_planned", "in_step")
+ENGINE_INTERNALS += ("step_key", "stream_ids")
+"""The internal faces (``equinox.internal``'s model): public modules without a stability
+guarantee, for the code that builds a step."""
+
+
 def test_every_module_that_is_not_a_face_is_private_by_name():
-    """The faces are the packages' ``__init__`` and the documented top-level modules; every
-    other module's name starts with ``_`` (CONTRIBUTING.md, "Privacy")."""
+    """The faces are the packages' ``__init__``, the documented top-level modules and the
+    internal faces; every other module's name starts with ``_`` (CONTRIBUTING.md, "Privacy")."""
     faces = {"types", "validation", "batch", "checkpoint"}
     package = ROOT / "sbfunc"
     public = [
@@ -108,8 +115,26 @@ def test_every_module_that_is_not_a_face_is_private_by_name():
         if p.name != "__init__.py"
         and not any(part.startswith("_") for part in p.relative_to(package).parts)
         and p.relative_to(package).parts[0].removesuffix(".py") not in faces
+        and ".".join(p.relative_to(ROOT).with_suffix("").parts) not in INTERNAL_FACES
     ]
     assert public == []
+    assert set(PUBLIC) >= INTERNAL_FACES  # documented, as having no stability guarantee
+
+
+def test_the_step_reaches_the_engine_internals_through_their_face():
+    """``sbfunc.engine`` lists the API an algorithm author uses; what only a step is built from
+    (the planner, the carry, the keys) is on ``sbfunc.engine.internal`` and nowhere else."""
+    import sbfunc.engine
+    import sbfunc.engine.internal
+
+    internal = set(sbfunc.engine.internal.__all__)
+    assert internal == set(ENGINE_INTERNALS)
+    assert not internal & set(sbfunc.engine.__all__)
+    for path in sorted((ROOT / "sbfunc").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sbfunc.engine":
+                leaked = internal & {a.name for a in node.names}
+                assert not leaked, f"{path.relative_to(ROOT)}: {sorted(leaked)}"
 
 
 # The 0.3 spellings removed in 1.1: none resolves any more.
@@ -154,6 +179,7 @@ MOVED = {
         ("sbfunc.types", "Key", "sbfunc.random"),
         ("sbfunc.algorithms", "SelectiveBackprop", "sbfunc.selective_backprop"),
         ("sbfunc.compat", "should_selective_backprop", "sbfunc.selective_backprop"),
+        *(("sbfunc.engine", name, "sbfunc.engine.internal") for name in ENGINE_INTERNALS),
     ],
 }
 

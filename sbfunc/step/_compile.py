@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from sbfunc.batch import strings_as_row_indices
-from sbfunc.engine import Carry, TrainState
+from sbfunc.engine import TrainState
+from sbfunc.engine.internal import Carry
 from sbfunc.step._records import CoreOutputs, StepMetrics, StepPlan
 from sbfunc.types import PerSample
 

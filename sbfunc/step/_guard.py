@@ -24,7 +24,7 @@ import torch
 
 from sbfunc._finite import keep_if_finite, substitute_rows, trainable_rows, update_finite
 from sbfunc._tracing import host_flag
-from sbfunc.engine import Carry
+from sbfunc.engine.internal import Carry
 from sbfunc.optim import LossScaleState
 from sbfunc.step._records import CoreOutputs
 from sbfunc.step._replicas import Replicas

@@ -21,7 +21,8 @@ from sbfunc._finite import finite_entries
 from sbfunc._gradients import check_losses, detach_tensors, differentiate, fresh_buffers
 from sbfunc._tracing import host_flag, tracing
 from sbfunc.batch import batch_size
-from sbfunc.engine import Carry, Event, Time
+from sbfunc.engine import Event, Time
+from sbfunc.engine.internal import Carry
 from sbfunc.module import ModuleLoss, TokenLosses, reduce_per_sample
 from sbfunc.step._means import ObjectiveKind, backpropagated, start
 from sbfunc.types import LossFn, Params, PerSample

@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 import torch
 
-from sbfunc.engine import Carry, Event, Plan, Time, Trace
+from sbfunc.engine import Event, Time, Trace
+from sbfunc.engine.internal import Carry, Plan
 from sbfunc.select import Selection
 from sbfunc.types import Params
 

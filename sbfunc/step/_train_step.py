@@ -28,20 +28,13 @@ import torch
 from sbfunc import random as sbrandom
 from sbfunc._tracing import host_readable
 from sbfunc.batch import batch_size
-from sbfunc.engine import (
-    Algorithm,
+from sbfunc.engine import Algorithm, Context, Event, Pass, Time, Trace, TrainState, run_event
+from sbfunc.engine.internal import (
     Carry,
-    Context,
-    Event,
-    Pass,
     Planner,
-    Time,
-    Trace,
-    TrainState,
     advance_time,
     apply_planned,
     in_step,
-    run_event,
     step_key,
     stream_ids,
 )
