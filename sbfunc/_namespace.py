@@ -60,8 +60,11 @@ def _namespace(name: str, since: str, moves: Moves) -> ModuleType:
     return shim
 
 
-def moved_names(owner: str, *groups: tuple[str, Moves]) -> Callable[[str], Any]:
-    """A module-level ``__getattr__`` for the public names that moved away from ``owner``.
+def moved_names(
+    owner: str, *groups: tuple[str, Moves], lazy: Iterable[str] = ()
+) -> Callable[[str], Any]:
+    """A module-level ``__getattr__`` for the public names that moved away from ``owner``, and
+    for its ``lazy`` sub-packages (imported on first use, silently).
 
     ``groups`` are ``(release, moves)`` pairs: the release that moved the names, and the names
     (:data:`Moves`). Getting an old name from module ``owner`` warns (``DeprecationWarning``,
@@ -72,8 +75,11 @@ def moved_names(owner: str, *groups: tuple[str, Moves]) -> Callable[[str], Any]:
     """
     table = {name: (since, t) for since, moves in groups for name, t in _table(moves).items()}
     shims: dict[str, ModuleType] = {}
+    submodules = frozenset(lazy)
 
     def __getattr__(name: str) -> Any:
+        if name in submodules:  # importing it sets the attribute: this runs once
+            return importlib.import_module(f"{owner}.{name}")
         if name not in table:
             raise AttributeError(f"module {owner!r} has no attribute {name!r}")
         since, target = table[name]

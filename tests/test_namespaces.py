@@ -333,3 +333,26 @@ print("torch._dynamo" in sys.modules)
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_import_sbfunc_leaves_the_leaf_packages_until_they_are_used():
+    """``import sbfunc`` imports the spine; the sub-packages it never needs (``sbfunc._LAZY``:
+    Composer's suite, per-sample curvature, the datasets, the models, the compat layer) load on
+    first use, by attribute or by ``from sbfunc import ...``, and are the same modules."""
+    code = """
+import sys, sbfunc
+lazy = sorted(sbfunc._LAZY)
+print(*[f"sbfunc.{n}" in sys.modules for n in lazy])
+from sbfunc import models
+print(sbfunc.algorithms.CutOut.__module__, models is sys.modules["sbfunc.models"])
+print(*[f"sbfunc.{n}" in sys.modules for n in lazy])
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    import sbfunc
+
+    assert {"algorithms", "compat", "datasets", "models", "per_sample"} == sbfunc._LAZY
+    first, used, after = done.stdout.splitlines()
+    assert first.split() == ["False"] * 5
+    assert used.split() == ["sbfunc.algorithms._cutout", "True"]
+    assert after.split() == ["True", "False", "False", "True", "False"]
