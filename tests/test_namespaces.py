@@ -287,12 +287,12 @@ import sys
 sys.modules["kornia"] = None  # kornia not installed
 import torch
 import sbfunc
-from sbfunc.algorithms import apply_blurpool, randaugment_image, resize_batch
+from sbfunc.algorithms import randaugment_image, resize_batch
 from sbfunc.algorithms import AugMix, BlurPool, ProgressiveResizing, RandAugment
 
 x = torch.rand(2, 3, 8, 8)
 calls = {
-    "blurpool": lambda: apply_blurpool(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
+    "blurpool": lambda: BlurPool()(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
     "randaugment": lambda: randaugment_image(x, key=sbfunc.random.key(0)),
     "resize": lambda: resize_batch(x, torch.zeros(2), 0.5),
     # the algorithms refuse at construction, before any step
