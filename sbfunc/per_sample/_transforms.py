@@ -36,8 +36,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from sbfunc._rows import check_per_sample
-from sbfunc.batch import batch_size
+from sbfunc.batch import batch_size, check_per_sample
 from sbfunc.module import check_loss_fn
 from sbfunc.per_sample._engine import Stat, check_wrt, compute
 from sbfunc.random import Key
