@@ -42,7 +42,8 @@ from torch import nn
 from torch.func import functional_call, grad
 
 import sbfunc
-from sbfunc.engine import Algorithm, Carry, Context, Event, apply_planned, step_key
+from sbfunc.engine import Algorithm, Context, Event
+from sbfunc.engine.internal import Carry, apply_planned, step_key
 
 sys.path.insert(0, str(Path(__file__).parent))
 from selection import timeit

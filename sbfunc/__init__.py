@@ -12,18 +12,16 @@ and the sub-packages, from the bottom of the stack up: :mod:`sbfunc.random` (key
 :mod:`sbfunc.algorithms` (Composer's suite), :mod:`sbfunc.per_sample` (per-sample gradients on a
 subset), :mod:`sbfunc.checkpoint`, :mod:`sbfunc.step`, :mod:`sbfunc.distributed`, and the
 leaves: :mod:`sbfunc.compat`, :mod:`sbfunc.datasets`, :mod:`sbfunc.models`,
-:mod:`sbfunc.testing`.
+:mod:`sbfunc.testing`. The sub-packages the step never uses (Composer's suite, per-sample
+curvature, the compat layer, the datasets, the models) load on first use.
 """
 
+from typing import TYPE_CHECKING
+
 from sbfunc import (
-    algorithms,
     checkpoint,
-    compat,
-    datasets,
     engine,
-    models,
     optim,
-    per_sample,
     policies,
     random,
     score,
@@ -88,6 +86,11 @@ __all__ = [
 ]
 
 
+_LAZY = frozenset({"algorithms", "compat", "datasets", "models", "per_sample"})
+"""The sub-packages the spine never imports: each loads on first use (``sbfunc.algorithms``,
+``from sbfunc import algorithms``), not with ``import sbfunc``, whose time is a budget
+(``benchmarks/import_time.py``; ``tests/test_namespaces.py`` holds the rule)."""
+
 # 1.0's modules that 1.1 folded into the packages: each warns, and so does each of its names,
 # until 1.3 (``from sbfunc import passes`` works, ``import sbfunc.passes`` does not)
 __getattr__ = moved_names(
@@ -140,8 +143,12 @@ __getattr__ = moved_names(
             ),
         },
     ),
+    lazy=_LAZY,
 )
 
+
+if TYPE_CHECKING:
+    from sbfunc import algorithms, compat, datasets, models, per_sample
 
 # The documented modules outside __all__, listed by dir() once imported (sbfunc.testing needs
 # hypothesis, sbfunc.distributed is imported on demand)

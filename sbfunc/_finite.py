@@ -10,6 +10,7 @@ ranks non-finite scores last (:func:`finite_entries`); an update is checked in o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,7 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from sbfunc._rows import flat_tensors, walk
+from sbfunc._tracing import host_readable
 from sbfunc.types import Params, PerSample
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "finite_entries",
     "finite_rows",
     "keep_if_finite",
+    "known_finite",
     "substitute_rows",
     "trainable_rows",
     "update_finite",
@@ -79,6 +82,31 @@ def finite_rows(batch: Any, *, per_sample: PerSample = None) -> torch.Tensor | N
     for more in found[1:]:
         ok = ok & more
     return ok
+
+
+def known_finite(scores: torch.Tensor, batch: Any, *, per_sample: PerSample = None) -> bool:
+    """Whether every score and every row of ``batch`` is finite, known for free eagerly on the
+    CPU (so that no row can count as unscorable, whatever a selection keeps): every score
+    finite (a fresh score of a row the loss cannot use is NaN:
+    ``sbfunc.score.unusable_as_nan``) and every floating-point tensor of a tuple/list/dict
+    batch finite, each read on the host as one sum (a sum that overflows sends the caller to
+    the exact count). ``False`` when that cannot be read (an accelerator, tracing, another
+    batch structure): count with tensors.
+
+    Example:
+        >>> batch = (torch.randn(4, 2), torch.arange(4))
+        >>> known_finite(torch.ones(4), batch), known_finite(torch.ones(4) / 0, batch)
+        (True, False)
+    """
+    if per_sample is not None or flat_tensors(batch) < 0 or not _finite_sum(scores):
+        return False
+    leaves = batch.values() if type(batch) is dict else batch
+    return all(_finite_sum(t) for t in leaves if t.is_floating_point())
+
+
+def _finite_sum(t: torch.Tensor) -> bool:
+    """Whether ``t`` is readable on the host and its sum finite (then every entry is)."""
+    return host_readable(t) and math.isfinite(float(t.sum()))
 
 
 def trainable_rows(

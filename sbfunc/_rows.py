@@ -1,4 +1,5 @@
-"""Which leaves of a batch are per-sample *rows*: the default rule and the ``per_sample`` spec.
+"""Which leaves of a batch are per-sample *rows*, and how many rows it has (:func:`batch_size`):
+the default rule and the ``per_sample`` spec.
 
 By default a leaf is per-sample when it holds one entry per sample along its first axis: a
 tensor or NumPy array of rank >= 1, or a *row sequence*, a plain ``list``/``tuple`` (not a
@@ -29,9 +30,13 @@ __all__ = [
     "LeafFilter",
     "PerSample",
     "Rows",
+    "batch_size",
     "check_per_sample",
+    "disagree_error",
     "flat_tensors",
+    "no_rows_error",
     "path_str",
+    "per_sample_sizes",
 ]
 
 
@@ -287,3 +292,92 @@ def flat_tensors(batch: Any) -> int:
             return -1
         n = t.shape[0]
     return n
+
+
+def per_sample_sizes(batch: Any, per_sample: PerSample = None) -> dict[str, int]:
+    """``{path: N}`` for every per-sample leaf of ``batch`` (see :data:`PerSample`).
+
+    Example:
+        >>> from sbfunc.batch import per_sample_sizes
+        >>> per_sample_sizes({"x": torch.zeros(3, 2), "t": ["a", "b", "c"], "tag": "train"})
+        {"batch['x']": 3, "batch['t']": 3}
+
+    References:
+        optree ``tree_flatten_with_path``; Equinox ``filter_spec``.
+    """
+    sizes: dict[str, int] = {}
+    walk(
+        batch,
+        per_sample,
+        lambda p, _, n: n is None or sizes.update({path_str(p): n}),
+        rebuild=False,
+    )
+    return sizes
+
+
+def no_rows_error(batch: Any) -> ValueError:
+    """The error of a batch without a per-sample leaf."""
+    return ValueError(
+        "batch has no per-sample leaf (a tensor or array of rank >= 1, or a list/tuple of "
+        f"per-sample values); got a {type(batch).__name__}. Mark the per-sample leaves with "
+        "per_sample= (see sbfunc.types.PerSample)"
+    )
+
+
+def disagree_error(sizes: dict[str, int]) -> ValueError:
+    """The error of per-sample leaves (``{path: rows}``) that disagree on their rows."""
+    detail = ", ".join(f"{name}: {n}" for name, n in sizes.items())
+    return ValueError(
+        f"batch leaves disagree on the leading (sample) dimension: {detail}. Every per-sample "
+        "leaf must have the same size N along its first axis; pass per_sample= to say which "
+        "leaves are per-sample, e.g. per_sample={'class_weight': False} for metadata that only "
+        "looks per-sample, or per_sample={'targets': sbfunc.types.ROWS} for a list with one "
+        "entry (of any kind) per sample (see sbfunc.types.PerSample)"
+    )
+
+
+def batch_size(batch: Any, *, per_sample: PerSample = None) -> int:
+    """Number of samples in a pytree batch: the shared leading size of its per-sample leaves.
+
+    Args:
+        batch: a tensor or any pytree of tensors, arrays, row sequences and metadata.
+        per_sample: which leaves are per-sample (:data:`PerSample`); ``None`` infers them.
+
+    Returns:
+        The leading size ``N`` shared by every per-sample leaf (a Python int read from shapes
+        and lengths, so no device sync).
+
+    Raises:
+        ValueError: if the batch has no per-sample leaf, or its per-sample leaves disagree on
+            the leading dimension (the message names every leaf with its size and says how to
+            pass ``per_sample=``).
+        TypeError: for a malformed ``per_sample`` spec.
+
+    Example:
+        >>> batch = {"x": torch.zeros(4, 3), "y": torch.zeros(4), "text": ["a", "b", "c", "d"]}
+        >>> sbfunc.batch.batch_size(batch)
+        4
+        >>> sbfunc.batch.batch_size({**batch, "w": torch.ones(3)})
+        Traceback (most recent call last):
+        ...
+        ValueError: batch leaves disagree on the leading (sample) dimension: batch['x']: 4, ...
+        >>> sbfunc.batch.batch_size({**batch, "w": torch.ones(3)}, per_sample={"w": False})
+        4
+
+    References:
+        MosaicML Composer ``DataSpec.get_num_samples_in_batch`` (its default reads dim 0 of the
+        batch's tensors); Equinox ``filter_spec``.
+    """
+    if per_sample is None:
+        if type(batch) is torch.Tensor and batch.dim():
+            return batch.shape[0]
+        n = flat_tensors(batch)
+        if n >= 0:
+            return n
+    sizes = per_sample_sizes(batch, per_sample)
+    if not sizes:
+        raise no_rows_error(batch)
+    first = next(iter(sizes.values()))
+    if any(n != first for n in sizes.values()):
+        raise disagree_error(sizes)
+    return first

@@ -97,9 +97,16 @@ def test_the_top_level_is_the_spine_and_the_sub_packages():
     assert "MixUp" not in dir(sbfunc) and "take" not in dir(sbfunc)
 
 
+INTERNAL_FACES = {"sbfunc.engine.internal"}
+ENGINE_INTERNALS = ("Carry", "Plan", "Planner", "advance_time", "apply_planned", "in_step")
+ENGINE_INTERNALS += ("step_key", "stream_ids")
+"""The internal faces (``equinox.internal``'s model): public modules without a stability
+guarantee, for the code that builds a step."""
+
+
 def test_every_module_that_is_not_a_face_is_private_by_name():
-    """The faces are the packages' ``__init__`` and the documented top-level modules; every
-    other module's name starts with ``_`` (CONTRIBUTING.md, "Privacy")."""
+    """The faces are the packages' ``__init__``, the documented top-level modules and the
+    internal faces; every other module's name starts with ``_`` (CONTRIBUTING.md, "Privacy")."""
     faces = {"types", "validation", "batch", "checkpoint"}
     package = ROOT / "sbfunc"
     public = [
@@ -108,8 +115,26 @@ def test_every_module_that_is_not_a_face_is_private_by_name():
         if p.name != "__init__.py"
         and not any(part.startswith("_") for part in p.relative_to(package).parts)
         and p.relative_to(package).parts[0].removesuffix(".py") not in faces
+        and ".".join(p.relative_to(ROOT).with_suffix("").parts) not in INTERNAL_FACES
     ]
     assert public == []
+    assert set(PUBLIC) >= INTERNAL_FACES  # documented, as having no stability guarantee
+
+
+def test_the_step_reaches_the_engine_internals_through_their_face():
+    """``sbfunc.engine`` lists the API an algorithm author uses; what only a step is built from
+    (the planner, the carry, the keys) is on ``sbfunc.engine.internal`` and nowhere else."""
+    import sbfunc.engine
+    import sbfunc.engine.internal
+
+    internal = set(sbfunc.engine.internal.__all__)
+    assert internal == set(ENGINE_INTERNALS)
+    assert not internal & set(sbfunc.engine.__all__)
+    for path in sorted((ROOT / "sbfunc").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "sbfunc.engine":
+                leaked = internal & {a.name for a in node.names}
+                assert not leaked, f"{path.relative_to(ROOT)}: {sorted(leaked)}"
 
 
 # The 0.3 spellings removed in 1.1: none resolves any more.
@@ -154,6 +179,7 @@ MOVED = {
         ("sbfunc.types", "Key", "sbfunc.random"),
         ("sbfunc.algorithms", "SelectiveBackprop", "sbfunc.selective_backprop"),
         ("sbfunc.compat", "should_selective_backprop", "sbfunc.selective_backprop"),
+        *(("sbfunc.engine", name, "sbfunc.engine.internal") for name in ENGINE_INTERNALS),
     ],
 }
 
@@ -261,12 +287,12 @@ import sys
 sys.modules["kornia"] = None  # kornia not installed
 import torch
 import sbfunc
-from sbfunc.algorithms import apply_blurpool, randaugment_image, resize_batch
+from sbfunc.algorithms import randaugment_image, resize_batch
 from sbfunc.algorithms import AugMix, BlurPool, ProgressiveResizing, RandAugment
 
 x = torch.rand(2, 3, 8, 8)
 calls = {
-    "blurpool": lambda: apply_blurpool(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
+    "blurpool": lambda: BlurPool()(torch.nn.Sequential(torch.nn.MaxPool2d(2)))(x),
     "randaugment": lambda: randaugment_image(x, key=sbfunc.random.key(0)),
     "resize": lambda: resize_batch(x, torch.zeros(2), 0.5),
     # the algorithms refuse at construction, before any step
@@ -307,3 +333,26 @@ print("torch._dynamo" in sys.modules)
     done = _run(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
+
+
+def test_import_sbfunc_leaves_the_leaf_packages_until_they_are_used():
+    """``import sbfunc`` imports the spine; the sub-packages it never needs (``sbfunc._LAZY``:
+    Composer's suite, per-sample curvature, the datasets, the models, the compat layer) load on
+    first use, by attribute or by ``from sbfunc import ...``, and are the same modules."""
+    code = """
+import sys, sbfunc
+lazy = sorted(sbfunc._LAZY)
+print(*[f"sbfunc.{n}" in sys.modules for n in lazy])
+from sbfunc import models
+print(sbfunc.algorithms.CutOut.__module__, models is sys.modules["sbfunc.models"])
+print(*[f"sbfunc.{n}" in sys.modules for n in lazy])
+"""
+    done = _run(code)
+    assert done.returncode == 0, done.stderr
+    import sbfunc
+
+    assert {"algorithms", "compat", "datasets", "models", "per_sample"} == sbfunc._LAZY
+    first, used, after = done.stdout.splitlines()
+    assert first.split() == ["False"] * 5
+    assert used.split() == ["sbfunc.algorithms._cutout", "True"]
+    assert after.split() == ["True", "False", "False", "True", "False"]

@@ -1,8 +1,9 @@
 """Training-loop algorithms: Composer's suite in functional form (pure transforms with
-explicit keys, module surgery as ``module -> module`` functions) and their ``Algorithm``s."""
+explicit keys, module surgery as ``module -> module`` callables, each a :class:`Surgery`
+called on the model) and their ``Algorithm``s."""
 
-from sbfunc._namespace import api_dir, moved_names
-from sbfunc.algorithms._alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
+from sbfunc._namespace import Spelling, api_dir, moved_names
+from sbfunc.algorithms._alibi import Alibi, AlibiMultiheadAttention, ZeroEmbedding
 from sbfunc.algorithms._augmix import (
     AugMix,
     augmix_image,
@@ -16,9 +17,8 @@ from sbfunc.algorithms._blurpool import (
     BlurConv2d,
     BlurMaxPool2d,
     BlurPool,
-    apply_blurpool,
 )
-from sbfunc.algorithms._channels_last import ChannelsLast, apply_channels_last
+from sbfunc.algorithms._channels_last import ChannelsLast
 from sbfunc.algorithms._colout import (
     ColOut,
     colout_batch,
@@ -28,12 +28,12 @@ from sbfunc.algorithms._cutmix import (
     cutmix_batch,
 )
 from sbfunc.algorithms._cutout import CutOut, cutout_batch
+from sbfunc.algorithms._deprecated import SPELLINGS
 from sbfunc.algorithms._ghost_batchnorm import (
     GhostBatchNorm,
     GhostBatchNorm1d,
     GhostBatchNorm2d,
     GhostBatchNorm3d,
-    apply_ghost_batchnorm,
 )
 from sbfunc.algorithms._label_smoothing import LabelSmoothing, smooth_labels, soft_targets
 from sbfunc.algorithms._layer_freezing import LayerFreezing
@@ -58,12 +58,10 @@ from sbfunc.algorithms._squeeze_excite import (
     SqueezeExcite,
     SqueezeExcite2d,
     SqueezeExciteConv2d,
-    apply_squeeze_excite,
 )
 from sbfunc.algorithms._stochastic_depth import (
     StochasticBranch,
     StochasticDepth,
-    apply_stochastic_depth,
 )
 from sbfunc.algorithms._surgery import Surgery, replace_modules
 
@@ -99,12 +97,6 @@ __all__ = [
     "StochasticDepth",
     "Surgery",
     "ZeroEmbedding",
-    "apply_alibi",
-    "apply_blurpool",
-    "apply_channels_last",
-    "apply_ghost_batchnorm",
-    "apply_squeeze_excite",
-    "apply_stochastic_depth",
     "augmix_image",
     "colout_batch",
     "cutmix_batch",
@@ -121,6 +113,14 @@ __all__ = [
 ]
 
 __getattr__ = moved_names(
-    "sbfunc.algorithms", ("1.2", ("sbfunc.selective_backprop", ("SelectiveBackprop",)))
+    "sbfunc.algorithms",
+    ("1.2", ("sbfunc.selective_backprop", ("SelectiveBackprop",))),
+    (  # 1.1's function spelling of the surgeries
+        "1.2",
+        {
+            name: Spelling(f"sbfunc.algorithms._deprecated:{name}", f"sbfunc.algorithms.{call}")
+            for name, call in SPELLINGS.items()
+        },
+    ),
 )
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -1,11 +1,12 @@
 """ALiBi: attention biased by token distance instead of position embeddings (model surgery).
 
-:func:`apply_alibi` returns a copy of a model whose attention adds ``-slope_h * |i - j|`` to
-the scores of head ``h`` (query ``i``, key ``j``) and whose learned position embeddings output
-zeros. It handles ``nn.MultiheadAttention`` (hence ``nn.Transformer*`` layers) and Hugging
-Face ``transformers`` models that dispatch attention through ``AttentionInterface`` (GPT-2 and
-BERT are tested). :class:`Alibi` is the surgery plus Composer's training-time part: on
-``AFTER_DATALOADER`` it reshapes each batch into more, shorter rows.
+The surgery :class:`Alibi` returns a copy of a model whose attention adds
+``-slope_h * |i - j|`` to the scores of head ``h`` (query ``i``, key ``j``) and whose learned
+position embeddings output zeros. It handles ``nn.MultiheadAttention`` (hence
+``nn.Transformer*`` layers) and Hugging Face ``transformers`` models that dispatch attention
+through ``AttentionInterface`` (GPT-2 and BERT are tested). As an algorithm, :class:`Alibi` is
+Composer's training-time part too: on ``AFTER_DATALOADER`` it reshapes each batch into more,
+shorter rows.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ __all__ = [
     "ZeroEmbedding",
     "alibi_bias",
     "alibi_slopes",
-    "apply_alibi",
 ]
 
 AUTO_POSITION_EMBEDDINGS = ("wpe", "position_embeddings")
@@ -100,11 +100,11 @@ class AlibiMultiheadAttention(nn.MultiheadAttention):
     Same parameters and names as the layer it replaces, plus a non-persistent buffer
     ``alibi_slopes`` ``[num_heads]``. The bias joins ``attn_mask`` (a boolean mask becomes
     ``-inf``), the key padding mask is turned into a float mask of the same kind, and
-    ``is_causal`` is applied as a mask. Build it with :func:`apply_alibi`.
+    ``is_causal`` is applied as a mask. Build it with the surgery :class:`Alibi`.
 
     Example:
-        >>> from sbfunc.algorithms import apply_alibi
-        >>> mha = apply_alibi(torch.nn.MultiheadAttention(4, 2, batch_first=True), 16)
+        >>> from sbfunc.algorithms import Alibi
+        >>> mha = Alibi(16)(torch.nn.MultiheadAttention(4, 2, batch_first=True))
         >>> x = torch.randn(1, 5, 4)
         >>> mha(x, x, x, need_weights=False)[0].shape, mha.alibi_slopes
         (torch.Size([1, 5, 4]), tensor([0.0625, 0.0039]))
@@ -235,50 +235,8 @@ def _longer_positions(m: nn.Module, max_sequence_length: int) -> None:
         m._buffers[name] = new if fill is None else torch.full_like(new, fill)
 
 
-def apply_alibi(
-    module: nn.Module,
-    max_sequence_length: int,
-    *,
-    position_embeddings: Sequence[str] | None = None,
-) -> nn.Module:
-    """A copy of ``module`` with ALiBi attention and no learned position embeddings.
-
-    * every ``nn.MultiheadAttention`` becomes an :class:`AlibiMultiheadAttention`;
-    * every ``transformers`` ``PreTrainedModel`` inside switches to the ALiBi attention
-      (registered as ``"sbfunc_alibi"`` with ``AttentionInterface``, with the eager additive
-      masks; this registration is the one global effect);
-    * every ``nn.Embedding`` named in ``position_embeddings`` (qualified names), or by default
-      every ``nn.Embedding`` attribute called ``wpe`` or ``position_embeddings``, becomes a
-      :class:`ZeroEmbedding` (its weight leaves the parameters: Composer zeroes and freezes
-      it instead), and BERT-style ``position_ids``/``token_type_ids`` buffers are lengthened
-      to ``max_sequence_length``.
-
-    The bias is computed for each call's sequence lengths, so the model accepts sequences
-    longer than its old position table (extrapolation).
-
-    Args:
-        module: the model (not changed).
-        max_sequence_length: the longest sequence the model will see, ``>= 1``.
-        position_embeddings: qualified names of the embeddings to remove (default: see above).
-
-    Returns:
-        The new model.
-
-    Raises:
-        ValueError: if nothing in ``module`` can take ALiBi, or a named embedding is missing.
-        RuntimeError: for a ``transformers`` version without ``AttentionInterface``.
-
-    Example:
-        >>> from sbfunc.algorithms import apply_alibi
-        >>> layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
-        >>> type(apply_alibi(layer, 32).self_attn).__name__
-        'AlibiMultiheadAttention'
-
-    References:
-        Press et al. 2022, "Train Short, Test Long"; MosaicML Composer ``apply_alibi``.
-    """
-    max_len = check_int(max_sequence_length, "max_sequence_length", low=1)
-    names = None if position_embeddings is None else frozenset(position_embeddings)
+def _alibi(module: nn.Module, max_len: int, names: frozenset[str] | None) -> nn.Module:
+    """The ALiBi surgery of :class:`Alibi` (its arguments validated)."""
     changed: list[str] = []
     hf_models: list[nn.Module] = []
 
@@ -318,22 +276,46 @@ def apply_alibi(
 class Alibi(Algorithm, Surgery):
     """Composer's ``Alibi``: the surgery, plus shorter training rows on ``AFTER_DATALOADER``.
 
-    ``model = alibi(model)`` applies :func:`apply_alibi`. As an algorithm, on
-    ``AFTER_DATALOADER`` it reshapes every batch of sequence length ``L`` into rows of
-    ``int(L * train_sequence_length_scaling)`` tokens (more rows, the same tokens:
+    ``model = alibi(model)`` returns a copy of the model with ALiBi attention and no learned
+    position embeddings (the module passed in is not changed):
+
+    * every ``nn.MultiheadAttention`` becomes an :class:`AlibiMultiheadAttention`;
+    * every ``transformers`` ``PreTrainedModel`` inside switches to the ALiBi attention
+      (registered as ``"sbfunc_alibi"`` with ``AttentionInterface``, with the eager additive
+      masks; this registration is the one global effect);
+    * every ``nn.Embedding`` named in ``position_embeddings`` (qualified names), or by default
+      every ``nn.Embedding`` attribute called ``wpe`` or ``position_embeddings``, becomes a
+      :class:`ZeroEmbedding` (its weight leaves the parameters: Composer zeroes and freezes
+      it instead), and BERT-style ``position_ids``/``token_type_ids`` buffers are lengthened
+      to ``max_sequence_length``.
+
+    The bias is computed for each call's sequence lengths, so the model accepts sequences
+    longer than its old position table (extrapolation).
+
+    As an algorithm, on ``AFTER_DATALOADER`` it reshapes every batch of sequence length ``L``
+    into rows of ``int(L * train_sequence_length_scaling)`` tokens (more rows, the same tokens:
     ``set_batch_sequence_length(..., truncate=False)``), which ALiBi's extrapolation makes
     harmless; the length is decided on the host from the batch's shape. It changes the
     sequence length (``changes_sequence_length``), so the default passes run it before
     Selective Backprop scores the batch.
 
     Args:
-        max_sequence_length: see :func:`apply_alibi`.
+        max_sequence_length: the longest sequence the model will see, ``>= 1``.
         train_sequence_length_scaling: the training row length as a fraction of the batch's,
             in ``(0, 1]``; ``1`` matches no event.
-        position_embeddings: see :func:`apply_alibi`.
+        position_embeddings: qualified names of the embeddings to remove (default: see above).
+
+    Raises:
+        ValueError: for an argument out of range; calling it, if nothing in the module can take
+            ALiBi, or a named embedding is missing.
+        RuntimeError: calling it, for a ``transformers`` version without
+            ``AttentionInterface``.
 
     Example:
         >>> from sbfunc.algorithms import Alibi
+        >>> layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+        >>> type(Alibi(max_sequence_length=32)(layer).self_attn).__name__
+        'AlibiMultiheadAttention'
         >>> alibi = Alibi(max_sequence_length=8, train_sequence_length_scaling=0.5)
         >>> batch = {"input_ids": torch.arange(8).view(1, 8)}
         >>> ctx = sbfunc.Context(sbfunc.random.key(0), batch=batch)
@@ -343,7 +325,8 @@ class Alibi(Algorithm, Surgery):
                 [4, 5, 6, 7]])
 
     References:
-        Press et al. 2022; MosaicML Composer ``Alibi``.
+        Press et al. 2022, "Train Short, Test Long"; MosaicML Composer ``Alibi`` and
+        ``apply_alibi``.
     """
 
     uses_key = False  # deterministic: the engine derives no key for it
@@ -367,8 +350,9 @@ class Alibi(Algorithm, Surgery):
         self.position_embeddings = position_embeddings
 
     def __call__(self, module: nn.Module) -> nn.Module:
-        return apply_alibi(
-            module, self.max_sequence_length, position_embeddings=self.position_embeddings
+        names = self.position_embeddings
+        return _alibi(
+            module, self.max_sequence_length, None if names is None else frozenset(names)
         )
 
     events = frozenset({Event.AFTER_DATALOADER})

@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from sbfunc.algorithms._kornia import kornia
+from sbfunc.algorithms._surgery import Surgery
 from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_bool, check_int
 
-__all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool", "apply_blurpool"]
+__all__ = ["BlurConv2d", "BlurMaxPool2d", "BlurPool"]
 
 _BLUR = 3  # the [1, 2, 1] x [1, 2, 1] / 16 binomial filter (Composer's and the paper's default)
 
@@ -135,91 +136,46 @@ def _surgery(module: nn.Module, rules: _Rules) -> None:
             _surgery(child, rules)
 
 
-def apply_blurpool(
-    module: nn.Module,
-    *,
-    replace_convs: bool = True,
-    replace_maxpools: bool = True,
-    blur_first: bool = True,
-    min_channels: int = 16,
-) -> nn.Module:
-    """A copy of ``module`` with anti-aliased strided convolutions and max pools.
+class BlurPool(Algorithm, Surgery):
+    """Composer's ``BlurPool`` as a surgery: ``model = BlurPool()(model)``, anti-aliased strided
+    convolutions and max pools.
 
-    Every ``nn.Conv2d`` (exactly that class) with a square stride > 1 and at least
-    ``min_channels`` input channels becomes a :class:`BlurConv2d`, and every ``nn.MaxPool2d``
-    with a square stride (without ``ceil_mode`` or ``return_indices``) a
-    :class:`BlurMaxPool2d`; already blurred layers are left alone, so
-    applying it twice changes nothing more. Model surgery for before
-    :func:`sbfunc.split_module`: parameter values are kept (a wrapped convolution's names gain
-    ``.conv``), output shapes are kept, and the module passed in is not modified.
+    Calling it returns a copy of the model in which every ``nn.Conv2d`` (exactly that class)
+    with a square stride > 1 and at least ``min_channels`` input channels is a
+    :class:`BlurConv2d`, and every ``nn.MaxPool2d`` with a square stride (without ``ceil_mode``
+    or ``return_indices``) a :class:`BlurMaxPool2d`; already blurred layers are left alone, so
+    applying it twice changes nothing more. Parameter values are kept (a wrapped convolution's
+    names gain ``.conv``), output shapes are kept, and the module passed in is not modified.
+    Call it before :func:`sbfunc.split_module`.
+
+    It is an algorithm too, matching no event, as Composer lists it among a trainer's
+    algorithms: in a step's algorithm list it records the setting and costs nothing.
 
     Args:
-        module: the model.
         replace_convs: blur strided convolutions.
         replace_maxpools: blur max pools.
         blur_first: blur before the convolution (cheaper; see :class:`BlurConv2d`).
         min_channels: convolutions with fewer input channels (e.g. the RGB stem) are kept.
 
-    Returns:
-        The new module.
-
     Raises:
-        TypeError: if ``module`` is not a module or a flag is not a bool.
+        TypeError: for a flag that is not a bool; calling it, for a ``module`` that is not a
+            module.
         ValueError: if ``min_channels < 0``.
-
-    Example:
-        >>> from sbfunc.algorithms import apply_blurpool
-        >>> net = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, stride=2), torch.nn.MaxPool2d(2))
-        >>> [type(m).__name__ for m in apply_blurpool(net)]
-        ['BlurConv2d', 'BlurMaxPool2d']
-        >>> [type(m).__name__ for m in net]  # the input is untouched
-        ['Conv2d', 'MaxPool2d']
-
-    References:
-        Zhang 2019, "Making Convolutional Networks Shift-Invariant Again"; MosaicML Composer
-        ``apply_blurpool`` (which edits the model in place).
-    """
-    kornia()  # the optional extra, checked before the model is edited
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    rules = _Rules(
-        check_bool(replace_convs, "replace_convs"),
-        check_bool(replace_maxpools, "replace_maxpools"),
-        check_bool(blur_first, "blur_first"),
-        check_int(min_channels, "min_channels", low=0),
-    )
-    out = copy.deepcopy(module)
-    new = _replacement(out, rules)
-    if new is not None:  # the module itself is a strided conv or a max pool
-        return new
-    _surgery(out, rules)
-    return out
-
-
-class BlurPool(Algorithm):
-    """BlurPool's settings, for :func:`apply_blurpool`; it does nothing during training.
-
-    Composer applies the surgery on ``INIT`` to the trainer's model. An sbfunc step holds the
-    model as ``params``/``buffers`` dicts and a loss function closed over the module's
-    structure, so a structural change must happen before :func:`sbfunc.split_module`:
-    ``model = BlurPool(...).surgery(model)`` (or :func:`apply_blurpool`). The algorithm
-    matches no event; putting it in an algorithm list records the setting and costs nothing.
-
-    Args:
-        replace_convs: blur strided convolutions.
-        replace_maxpools: blur max pools.
-        blur_first: blur before the convolution.
-        min_channels: convolutions with fewer input channels are kept.
+        ImportError: without kornia (``pip install 'sbfunc[image]'``).
 
     Example:
         >>> from sbfunc.algorithms import BlurPool
-        >>> bp = BlurPool(min_channels=3)
-        >>> model = bp.surgery(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2)))
-        >>> type(model[0]).__name__, bp.match(sbfunc.Event.INIT, sbfunc.Context(None))
-        ('BlurConv2d', False)
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, stride=2), torch.nn.MaxPool2d(2))
+        >>> [type(m).__name__ for m in BlurPool()(net)]
+        ['BlurConv2d', 'BlurMaxPool2d']
+        >>> [type(m).__name__ for m in net]  # the input is untouched
+        ['Conv2d', 'MaxPool2d']
+        >>> BlurPool().match(sbfunc.Event.INIT, sbfunc.Context(None))
+        False
 
     References:
-        Zhang 2019; MosaicML Composer ``BlurPool``.
+        Zhang 2019, "Making Convolutional Networks Shift-Invariant Again"; MosaicML Composer
+        ``BlurPool`` and ``apply_blurpool`` (which edit the model in place).
     """
 
     uses_key = False  # deterministic: the engine derives no key for it
@@ -237,15 +193,18 @@ class BlurPool(Algorithm):
         self.blur_first = check_bool(blur_first, "blur_first")
         self.min_channels = check_int(min_channels, "min_channels", low=0)
 
-    def surgery(self, module: nn.Module) -> nn.Module:
-        """:func:`apply_blurpool` with this algorithm's settings."""
-        return apply_blurpool(
-            module,
-            replace_convs=self.replace_convs,
-            replace_maxpools=self.replace_maxpools,
-            blur_first=self.blur_first,
-            min_channels=self.min_channels,
+    def __call__(self, module: nn.Module) -> nn.Module:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        rules = _Rules(
+            self.replace_convs, self.replace_maxpools, self.blur_first, self.min_channels
         )
+        out = copy.deepcopy(module)
+        new = _replacement(out, rules)
+        if new is not None:  # the module itself is a strided conv or a max pool
+            return new
+        _surgery(out, rules)
+        return out
 
     events = frozenset()
 

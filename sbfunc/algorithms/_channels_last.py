@@ -7,40 +7,11 @@ import copy
 import torch
 from torch import nn
 
+from sbfunc.algorithms._surgery import Surgery
 from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.types import Params
 
-__all__ = ["ChannelsLast", "apply_channels_last", "channels_last_tensors"]
-
-
-def apply_channels_last(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose 4-D parameters and buffers are stored channels-last (NHWC).
-
-    Model surgery for before :func:`sbfunc.split_module`: the memory format changes, the
-    values and the function do not (convolutions then pick NHWC kernels, usually faster on
-    GPUs with tensor cores). The input module is left as it was.
-
-    Args:
-        module: any module.
-
-    Returns:
-        A new module.
-
-    Example:
-        >>> from sbfunc.algorithms import apply_channels_last
-        >>> conv = torch.nn.Conv2d(3, 8, 3)
-        >>> cl = apply_channels_last(conv)
-        >>> cl.weight.is_contiguous(memory_format=torch.channels_last), bool(
-        ...     torch.equal(cl.weight, conv.weight))
-        (True, True)
-
-    References:
-        PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer
-        ``apply_channels_last`` (which converts the model in place).
-    """
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    return copy.deepcopy(module).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+__all__ = ["ChannelsLast", "channels_last_tensors"]
 
 
 def channels_last_tensors(tensors: Params) -> Params:
@@ -66,15 +37,20 @@ def channels_last_tensors(tensors: Params) -> Params:
     }
 
 
-class ChannelsLast(Algorithm):
-    """Make the 4-D parameters and buffers channels-last on ``INIT``.
+class ChannelsLast(Algorithm, Surgery):
+    """Make the 4-D parameters and buffers channels-last (NHWC): on ``INIT``, or as a surgery.
 
     The pure counterpart of Composer's ``ChannelsLast`` (which converts the model on
     ``INIT``): the step holds the model as ``params``/``buffers`` dicts, so on ``INIT`` this
     replaces their 4-D tensors by channels-last copies (:func:`channels_last_tensors`); the
     values, and so the model's function, are unchanged. Nothing runs per step; the optimizers
-    of :mod:`sbfunc.optim` update elementwise, which keeps the layout. To convert a module
-    before :func:`sbfunc.split_module` instead, use :func:`apply_channels_last`.
+    of :mod:`sbfunc.optim` update elementwise, which keeps the layout. Called on a module
+    (``model = ChannelsLast()(model)``), it returns a copy whose 4-D parameters and buffers are
+    channels-last, for before :func:`sbfunc.split_module` (the module passed in is not
+    changed); convolutions then pick NHWC kernels, usually faster on GPUs with tensor cores.
+
+    Raises:
+        TypeError: calling it on a ``module`` that is not a module.
 
     Example:
         >>> from sbfunc.algorithms import ChannelsLast
@@ -84,9 +60,14 @@ class ChannelsLast(Algorithm):
         >>> out = cl.apply(sbfunc.Event.INIT, ctx)
         >>> out.params["conv.weight"].is_contiguous(memory_format=torch.channels_last)
         True
+        >>> conv = torch.nn.Conv2d(3, 8, 3)
+        >>> cl(conv).weight.is_contiguous(memory_format=torch.channels_last), bool(
+        ...     torch.equal(cl(conv).weight, conv.weight))
+        (True, True)
 
     References:
-        PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer ``ChannelsLast``.
+        PyTorch "Channels Last Memory Format" tutorial; MosaicML Composer ``ChannelsLast`` and
+        ``apply_channels_last`` (which converts the model in place).
     """
 
     uses_key = False  # deterministic: the engine derives no key for it
@@ -99,13 +80,7 @@ class ChannelsLast(Algorithm):
             buffers=channels_last_tensors(ctx.buffers),
         )
 
-    def surgery(self, module: nn.Module) -> nn.Module:
-        """:func:`apply_channels_last` (the module-level form of this algorithm).
-
-        Example:
-            >>> from sbfunc.algorithms import ChannelsLast
-            >>> conv = ChannelsLast().surgery(torch.nn.Conv2d(3, 4, 3))
-            >>> conv.weight.is_contiguous(memory_format=torch.channels_last)
-            True
-        """
-        return apply_channels_last(module)
+    def __call__(self, module: nn.Module) -> nn.Module:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+        return copy.deepcopy(module).to(memory_format=torch.channels_last)  # type: ignore[call-overload]

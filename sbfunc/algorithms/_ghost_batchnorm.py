@@ -16,7 +16,6 @@ __all__ = [
     "GhostBatchNorm1d",
     "GhostBatchNorm2d",
     "GhostBatchNorm3d",
-    "apply_ghost_batchnorm",
 ]
 
 
@@ -60,7 +59,7 @@ class GhostBatchNorm1d(_Ghost, nn.BatchNorm1d):
     """``nn.BatchNorm1d`` that normalises each chunk of ``ghost_batch_size`` rows on its own.
 
     Same parameters, buffers and names as the ``BatchNorm1d`` it replaces; eval mode is
-    unchanged. See :func:`apply_ghost_batchnorm`.
+    unchanged. See :class:`GhostBatchNorm`.
     """
 
 
@@ -85,8 +84,9 @@ _GHOSTS: dict[type, type[_Ghost]] = {
 }
 
 
-def apply_ghost_batchnorm(module: nn.Module, ghost_batch_size: int = 32) -> nn.Module:
-    """A copy of ``module`` whose ``BatchNorm1d/2d/3d`` layers use ghost batches.
+class GhostBatchNorm(Surgery):
+    """Composer's ``GhostBatchNorm`` as a surgery: ``model = GhostBatchNorm(32)(model)``, a copy
+    of the model whose ``BatchNorm1d/2d/3d`` layers use ghost batches.
 
     In train mode each replaced layer splits its input along the batch dimension into
     ``N // ghost_batch_size`` chunks of near-equal sizes (``torch.tensor_split``: each has at
@@ -96,28 +96,24 @@ def apply_ghost_batchnorm(module: nn.Module, ghost_batch_size: int = 32) -> nn.M
     rows, say) is one chunk: plain batch norm. Eval mode is plain batch norm. Composer makes
     ``ceil(N / ghost_batch_size)`` chunks of at most that size (so a last chunk of one row
     fails in train mode) and refuses batches smaller than a ghost batch; both agree when
-    ``ghost_batch_size`` divides ``N``. Parameter
-    and buffer names do not change, so ``split_module`` and checkpoints see the same dicts.
-    Only layers of exactly these three classes are replaced (subclasses may override
-    ``forward``).
+    ``ghost_batch_size`` divides ``N``. Parameter and buffer names do not change, so
+    ``split_module`` and checkpoints see the same dicts. Only layers of exactly these three
+    classes are replaced (subclasses may override ``forward``). Not an algorithm: it acts
+    before ``split_module``; the module passed in is not changed.
 
     Args:
-        module: the model (not changed).
         ghost_batch_size: rows per ghost batch, ``>= 1``.
-
-    Returns:
-        The new model.
 
     Raises:
         TypeError: if ``ghost_batch_size`` is not an int.
-        ValueError: if ``ghost_batch_size < 1`` or ``module`` has no such layer.
+        ValueError: if ``ghost_batch_size < 1``; calling it, if the module has no such layer.
 
     Example:
-        >>> from sbfunc.algorithms import apply_ghost_batchnorm
+        >>> from sbfunc.algorithms import GhostBatchNorm
         >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
-        >>> ghost = apply_ghost_batchnorm(net, ghost_batch_size=2)
-        >>> type(ghost[1]).__name__, type(net[1]).__name__
-        ('GhostBatchNorm1d', 'BatchNorm1d')
+        >>> ghost = GhostBatchNorm(ghost_batch_size=2)(net)
+        >>> type(ghost[1]).__name__, type(net[1]).__name__, ghost[1].ghost_batch_size
+        ('GhostBatchNorm1d', 'BatchNorm1d', 2)
         >>> out = ghost(torch.randn(6, 3))  # three ghost batches of two rows
         >>> torch.allclose(out[:2].mean(0), torch.zeros(4), atol=1e-6)
         True
@@ -126,51 +122,30 @@ def apply_ghost_batchnorm(module: nn.Module, ghost_batch_size: int = 32) -> nn.M
         Hoffer et al. 2017, "Train longer, generalize better: closing the generalization gap in
         large batch training of neural networks"; MosaicML Composer ``GhostBatchNorm``.
     """
-    size = check_int(ghost_batch_size, "ghost_batch_size", low=1)
-    found = []
-
-    def policy(name: str, m: nn.Module) -> nn.Module | None:
-        ghost = _GHOSTS.get(type(m))
-        if ghost is None:
-            return None
-        m.__class__ = ghost  # m belongs to the deep copy: same tensors, new forward
-        new = cast(_Ghost, m)
-        new.ghost_batch_size = size
-        found.append(name)
-        return new
-
-    new = replace_modules(module, policy)
-    if not found:
-        raise ValueError(
-            "module has no nn.BatchNorm1d, BatchNorm2d or BatchNorm3d layer: ghost batch norm "
-            "would change nothing"
-        )
-    return new
-
-
-class GhostBatchNorm(Surgery):
-    """Composer's ``GhostBatchNorm`` as a surgery: ``model = GhostBatchNorm(32)(model)``.
-
-    See :func:`apply_ghost_batchnorm`. Not an algorithm: it acts before ``split_module``.
-
-    Args:
-        ghost_batch_size: rows per ghost batch, ``>= 1``.
-
-    Example:
-        >>> from sbfunc.algorithms import GhostBatchNorm
-        >>> net = GhostBatchNorm(ghost_batch_size=16)(torch.nn.BatchNorm2d(3))
-        >>> type(net).__name__, net.ghost_batch_size
-        ('GhostBatchNorm2d', 16)
-
-    References:
-        Hoffer et al. 2017; MosaicML Composer ``GhostBatchNorm``.
-    """
 
     def __init__(self, ghost_batch_size: int = 32) -> None:
         self.ghost_batch_size = check_int(ghost_batch_size, "ghost_batch_size", low=1)
 
     def __call__(self, module: nn.Module) -> nn.Module:
-        return apply_ghost_batchnorm(module, self.ghost_batch_size)
+        size, found = self.ghost_batch_size, []
+
+        def policy(name: str, m: nn.Module) -> nn.Module | None:
+            ghost = _GHOSTS.get(type(m))
+            if ghost is None:
+                return None
+            m.__class__ = ghost  # m belongs to the deep copy: same tensors, new forward
+            new = cast(_Ghost, m)
+            new.ghost_batch_size = size
+            found.append(name)
+            return new
+
+        new = replace_modules(module, policy)
+        if not found:
+            raise ValueError(
+                "module has no nn.BatchNorm1d, BatchNorm2d or BatchNorm3d layer: ghost batch "
+                "norm would change nothing"
+            )
+        return new
 
     def __repr__(self) -> str:
         return f"GhostBatchNorm(ghost_batch_size={self.ghost_batch_size})"

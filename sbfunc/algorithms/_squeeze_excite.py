@@ -8,7 +8,7 @@ from torch import nn
 from sbfunc.algorithms._surgery import Surgery, replace_modules
 from sbfunc.validation import check_int, check_real
 
-__all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv2d", "apply_squeeze_excite"]
+__all__ = ["SqueezeExcite", "SqueezeExcite2d", "SqueezeExciteConv2d"]
 
 
 def _latent(num_features: int, latent_channels: float) -> int:
@@ -83,92 +83,67 @@ class SqueezeExciteConv2d(nn.Module):
         return self.se(self.conv(x))
 
 
-def _check(latent_channels: float, min_channels: int) -> tuple[float, int]:
-    latent = check_real(latent_channels, "latent_channels", low=0.0, open_low=True)
-    return latent, check_int(min_channels, "min_channels", low=0)
-
-
-def apply_squeeze_excite(
-    module: nn.Module, latent_channels: float = 64, min_channels: int = 128
-) -> nn.Module:
-    """A copy of ``module`` with a Squeeze-and-Excitation block after every wide ``Conv2d``.
+class SqueezeExcite(Surgery):
+    """Composer's ``SqueezeExcite`` as a surgery: ``model = SqueezeExcite()(model)``, a copy of
+    the model with a Squeeze-and-Excitation block after every wide ``Conv2d``.
 
     A ``Conv2d`` ``c`` gets a block when ``min(c.in_channels, c.out_channels) >=
     min_channels``; convolutions already followed by one (a :class:`SqueezeExciteConv2d`) are
-    left alone, so applying the surgery twice adds nothing more. The new blocks are initialised by
-    torch's default initialisation (seed torch to reproduce them, as when building the model).
-    The function changes: each gate lies in ``(0, 1)``.
+    left alone, so applying the surgery twice adds nothing more. The new blocks are initialised
+    by torch's default initialisation (seed torch to reproduce them, as when building the
+    model). The function changes: each gate lies in ``(0, 1)``. Not an algorithm: it acts
+    before ``split_module``; the module passed in is not changed.
 
     Args:
-        module: the model (not changed).
         latent_channels: hidden width of each block (``>= 1``), or a fraction of the
             convolution's output channels (``< 1``); ``> 0``.
         min_channels: the channel threshold, ``>= 0``.
 
-    Returns:
-        The new model.
-
     Raises:
         TypeError: for arguments of the wrong type.
-        ValueError: for ``latent_channels <= 0``, ``min_channels < 0``, or a model without a
-            wide enough convolution.
-
-    Example:
-        >>> from sbfunc.algorithms import apply_squeeze_excite
-        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3))
-        >>> new = apply_squeeze_excite(net, latent_channels=0.25, min_channels=8)
-        >>> [type(m).__name__ for m in new]
-        ['Conv2d', 'SqueezeExciteConv2d']
-
-    References:
-        Hu et al. 2018, "Squeeze-and-Excitation Networks"; MosaicML Composer
-        ``apply_squeeze_excite``.
-    """
-    latent, low = _check(latent_channels, min_channels)
-    found = []
-
-    def policy(name: str, m: nn.Module) -> nn.Module | None:
-        if isinstance(m, SqueezeExciteConv2d):
-            found.append(name)
-            return m  # already excited: keep it, and do not wrap its convolution again
-        if type(m) is nn.Conv2d and min(m.in_channels, m.out_channels) >= low:
-            found.append(name)
-            return SqueezeExciteConv2d(m, latent)
-        return None
-
-    new = replace_modules(module, policy)
-    if not found:
-        raise ValueError(
-            f"module has no nn.Conv2d with min(in_channels, out_channels) >= min_channels="
-            f"{low}: squeeze-excite would change nothing"
-        )
-    return new
-
-
-class SqueezeExcite(Surgery):
-    """Composer's ``SqueezeExcite`` as a surgery: ``model = SqueezeExcite()(model)``.
-
-    See :func:`apply_squeeze_excite`. Not an algorithm: it acts before ``split_module``.
-
-    Args:
-        latent_channels: see :func:`apply_squeeze_excite`.
-        min_channels: see :func:`apply_squeeze_excite`.
+        ValueError: for ``latent_channels <= 0`` or ``min_channels < 0``; calling it, for a
+            model without a wide enough convolution.
 
     Example:
         >>> from sbfunc.algorithms import SqueezeExcite
+        >>> net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 3))
+        >>> new = SqueezeExcite(latent_channels=0.25, min_channels=8)(net)
+        >>> [type(m).__name__ for m in new]
+        ['Conv2d', 'SqueezeExciteConv2d']
         >>> net = SqueezeExcite(latent_channels=4, min_channels=2)(torch.nn.Conv2d(2, 2, 1))
         >>> sorted(name for name, _ in net.named_parameters())[-2:]
         ['se.pool_and_mlp.2.weight', 'se.pool_and_mlp.4.weight']
 
     References:
-        Hu et al. 2018; MosaicML Composer ``SqueezeExcite``.
+        Hu et al. 2018, "Squeeze-and-Excitation Networks"; MosaicML Composer ``SqueezeExcite``
+        and ``apply_squeeze_excite``.
     """
 
     def __init__(self, latent_channels: float = 64, min_channels: int = 128) -> None:
-        self.latent_channels, self.min_channels = _check(latent_channels, min_channels)
+        self.latent_channels = check_real(
+            latent_channels, "latent_channels", low=0.0, open_low=True
+        )
+        self.min_channels = check_int(min_channels, "min_channels", low=0)
 
     def __call__(self, module: nn.Module) -> nn.Module:
-        return apply_squeeze_excite(module, self.latent_channels, self.min_channels)
+        latent, low, found = self.latent_channels, self.min_channels, []
+
+        def policy(name: str, m: nn.Module) -> nn.Module | None:
+            if isinstance(m, SqueezeExciteConv2d):
+                found.append(name)
+                return m  # already excited: keep it, and do not wrap its convolution again
+            if type(m) is nn.Conv2d and min(m.in_channels, m.out_channels) >= low:
+                found.append(name)
+                return SqueezeExciteConv2d(m, latent)
+            return None
+
+        new = replace_modules(module, policy)
+        if not found:
+            raise ValueError(
+                f"module has no nn.Conv2d with min(in_channels, out_channels) >= min_channels="
+                f"{low}: squeeze-excite would change nothing"
+            )
+        return new
 
     def __repr__(self) -> str:
         return (

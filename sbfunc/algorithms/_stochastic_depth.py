@@ -17,7 +17,7 @@ from sbfunc.algorithms._surgery import (
 from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.validation import check_real
 
-__all__ = ["StochasticBranch", "StochasticDepth", "apply_stochastic_depth"]
+__all__ = ["StochasticBranch", "StochasticDepth"]
 
 Method = Literal["block", "sample"]
 Distribution = Literal["linear", "uniform"]
@@ -93,56 +93,16 @@ def _check(method: Any, drop_rate: Any, distribution: Any) -> tuple[Method, floa
     return method, rate, distribution
 
 
-def apply_stochastic_depth(
+def _branches(
     module: nn.Module,
     target: ModuleSelector,
-    stochastic_method: Method = "block",
-    drop_rate: float = 0.2,
-    drop_distribution: Distribution = "linear",
-    *,
-    scale: float = 1.0,
+    method: Method,
+    rate: float,
+    distribution: Distribution,
+    scale: float,
 ) -> nn.Module:
-    """A copy of ``module`` whose target residual branches are :class:`StochasticBranch` es.
-
-    ``target`` picks the modules whose output is a residual branch, i.e. what a block adds
-    to its skip connection: in a torchvision ``Bottleneck`` the last batch norm of the branch,
-    ``lambda name, m: name.endswith(".bn3")``; in a pre-norm transformer block its attention
-    and MLP sub-layers. Composer targets whole ``Bottleneck`` blocks and rewrites their
-    ``forward``; wrapping the branch works for any architecture of the ``x + f(x)`` form and
-    drops the same thing. With ``"linear"``, the ``i``-th target (``i = 0, 1, ...``, depth
-    first) gets ``drop_rate * (i + 1) / count``; with ``"uniform"``, ``drop_rate``.
-
-    Args:
-        module: the model (not changed).
-        target: a :data:`~sbfunc.algorithms._surgery.ModuleSelector` of the branch modules.
-        stochastic_method: ``"block"`` (drop the branch for the whole batch) or ``"sample"``
-            (drop it per row).
-        drop_rate: the (largest) drop probability, in ``[0, 1]``.
-        drop_distribution: ``"linear"`` or ``"uniform"``.
-        scale: the initial warm-up factor of every branch (see :class:`StochasticDepth`).
-
-    Returns:
-        The new model. Train it with ``make_train_step(..., keyed_model=True)`` so that the
-        drops come from the step's key.
-
-    Raises:
-        TypeError: for a malformed ``target`` or ``drop_rate``.
-        ValueError: for values out of range, or no target in ``module``.
-
-    Example:
-        >>> from sbfunc.algorithms import apply_stochastic_depth
-        >>> net = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(4)))
-        >>> new = apply_stochastic_depth(net, torch.nn.Linear, "sample", drop_rate=0.4)
-        >>> [round(float(m.stochastic_depth_rate), 2) for m in new]
-        [0.1, 0.2, 0.3, 0.4]
-
-    References:
-        Huang et al. 2016, "Deep Networks with Stochastic Depth"; MosaicML Composer
-        ``apply_stochastic_depth``.
-    """
-    method, rate, distribution = _check(stochastic_method, drop_rate, drop_distribution)
-    select = selector(target)
-    names = matching_modules(module, select)
+    """The surgery of :class:`StochasticDepth` (its arguments validated)."""
+    names = matching_modules(module, selector(target))
     if not names:
         raise ValueError("target matches no module of module: stochastic depth would do nothing")
     index = {name: i for i, name in enumerate(names)}
@@ -159,22 +119,43 @@ def apply_stochastic_depth(
 class StochasticDepth(Algorithm, Surgery):
     """Composer's ``StochasticDepth``: the surgery, plus the drop-rate warm-up on BATCH_START.
 
-    ``model = sd(model)`` applies :func:`apply_stochastic_depth`; list ``sd`` among the step's
-    algorithms when ``drop_warmup > 0``: on ``BATCH_START`` it sets every branch's warm-up
-    factor to ``min(1, elapsed / drop_warmup)`` (computed from ``state.time`` as tensors, so
-    the step compiles once), so the rates grow linearly to their full value over that fraction of
-    training. Without warm-up it matches no event. Unlike Composer, the warm-up also works
-    with ``"sample"`` and ends exactly at the full rate.
+    ``model = sd(model)`` returns a copy of the model (the module passed in is not changed)
+    whose target residual branches are :class:`StochasticBranch` es. ``target`` picks the
+    modules whose output is a residual branch, i.e. what a block adds to its skip connection:
+    in a torchvision ``Bottleneck`` the last batch norm of the branch,
+    ``lambda name, m: name.endswith(".bn3")``; in a pre-norm transformer block its attention
+    and MLP sub-layers. Composer targets whole ``Bottleneck`` blocks and rewrites their
+    ``forward``; wrapping the branch works for any architecture of the ``x + f(x)`` form and
+    drops the same thing. With ``"linear"``, the ``i``-th target (``i = 0, 1, ...``, depth
+    first) gets ``drop_rate * (i + 1) / count``; with ``"uniform"``, ``drop_rate``. Train the
+    model with ``make_train_step(..., keyed_model=True)`` so that the drops come from the
+    step's key.
+
+    List ``sd`` among the step's algorithms when ``drop_warmup > 0``: on ``BATCH_START`` it sets
+    every branch's warm-up factor to ``min(1, elapsed / drop_warmup)`` (computed from
+    ``state.time`` as tensors, so the step compiles once), so the rates grow linearly to their
+    full value over that fraction of training (the surgery starts them at 0). Without warm-up
+    it matches no event. Unlike Composer, the warm-up also works with ``"sample"`` and ends
+    exactly at the full rate.
 
     Args:
         target: a :data:`~sbfunc.algorithms._surgery.ModuleSelector` of the residual branches.
-        stochastic_method: ``"block"`` or ``"sample"``.
+        stochastic_method: ``"block"`` (drop the branch for the whole batch) or ``"sample"``
+            (drop it per row).
         drop_rate: the (largest) drop probability, in ``[0, 1]``.
         drop_distribution: ``"linear"`` or ``"uniform"``.
         drop_warmup: fraction of training over which the rates warm up, in ``[0, 1]``.
 
+    Raises:
+        TypeError: for a malformed ``target`` or ``drop_rate``.
+        ValueError: for values out of range; calling it, for no target in the module.
+
     Example:
         >>> from sbfunc.algorithms import StochasticDepth
+        >>> net = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(4)))
+        >>> new = StochasticDepth(torch.nn.Linear, "sample", drop_rate=0.4)(net)
+        >>> [round(float(m.stochastic_depth_rate), 2) for m in new]
+        [0.1, 0.2, 0.3, 0.4]
         >>> sd = StochasticDepth(torch.nn.Linear, "block", 0.2, "uniform", drop_warmup=0.5)
         >>> net = sd(torch.nn.Sequential(torch.nn.Linear(2, 2)))
         >>> _, buffers = sbfunc.split_module(net)
@@ -184,7 +165,8 @@ class StochasticDepth(Algorithm, Surgery):
         tensor(0.5000)
 
     References:
-        Huang et al. 2016; MosaicML Composer ``StochasticDepth``.
+        Huang et al. 2016, "Deep Networks with Stochastic Depth"; MosaicML Composer
+        ``StochasticDepth`` and ``apply_stochastic_depth``.
     """
 
     def __init__(
@@ -204,8 +186,8 @@ class StochasticDepth(Algorithm, Surgery):
 
     def __call__(self, module: nn.Module) -> nn.Module:
         start = 0.0 if self.drop_warmup > 0 else 1.0
-        return apply_stochastic_depth(
-            module, self.target, self.method, self.drop_rate, self.distribution, scale=start
+        return _branches(
+            module, self.target, self.method, self.drop_rate, self.distribution, start
         )
 
     events = frozenset({Event.BATCH_START})

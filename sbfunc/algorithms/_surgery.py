@@ -1,10 +1,11 @@
-"""Model surgery as pure ``module -> module`` functions: copy, then swap submodules.
+"""Model surgery as pure ``module -> module`` callables: copy, then swap submodules.
 
 Composer changes a model in place on ``Event.INIT``. In sbfunc the training step's loss
 function closes over the module and the step works on the dicts of
 :func:`sbfunc.split_module`, so surgery happens once, before both: ``model = surgery(model)``,
-then ``split_module(model)`` and ``per_sample_loss(model, ...)``. Every surgery here
-deep-copies its input and never changes it.
+then ``split_module(model)`` and ``per_sample_loss(model, ...)``. A surgery is a
+:class:`Surgery`, built once from its settings and called on the model, the one spelling; every
+surgery deep-copies its input and never changes it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from torch import nn
 
 from sbfunc._frozen import Frozen
+from sbfunc._namespace import deprecated
 
 __all__ = ["ModuleSelector", "Surgery", "matching_modules", "replace_modules", "selector"]
 
@@ -132,13 +134,26 @@ def replace_modules(module: nn.Module, policy: Replacement) -> nn.Module:
 
 
 class Surgery(Frozen):
-    """A Composer model-surgery algorithm as a pure ``module -> module`` callable.
+    """A Composer model-surgery algorithm as a pure ``module -> module`` callable: the one
+    spelling of a surgery is ``model = surgery(model)``.
 
     Call it on the model before :func:`sbfunc.split_module` and
     :func:`sbfunc.per_sample_loss`. A surgery that also acts during training (ALiBi's batch
-    reshaping, stochastic depth's warm-up) is an :class:`sbfunc.Algorithm` as well; the others
-    are not, so listing one among a step's algorithms fails loudly instead of doing nothing.
-    Like an algorithm, a surgery is frozen once constructed.
+    reshaping, stochastic depth's warm-up, channels-last on ``INIT``) is an
+    :class:`sbfunc.Algorithm` as well, and so is BlurPool, which Composer lists among a
+    trainer's algorithms (it matches no event); the others are not, so listing one among a
+    step's algorithms fails loudly instead of doing nothing. Like an algorithm, a surgery is
+    frozen once constructed.
+
+    Example:
+        >>> from sbfunc.algorithms import GhostBatchNorm, Surgery
+        >>> surgery = GhostBatchNorm(ghost_batch_size=4)
+        >>> isinstance(surgery, Surgery), type(surgery(torch.nn.BatchNorm1d(3))).__name__
+        (True, 'GhostBatchNorm1d')
+
+    References:
+        MosaicML Composer ``composer.utils.module_surgery``; Equinox (a model transformed by
+        pure functions that return a new model).
     """
 
     _frozen_kind = "Surgery"
@@ -146,3 +161,9 @@ class Surgery(Frozen):
     @abstractmethod
     def __call__(self, module: nn.Module) -> nn.Module:
         """The changed copy of ``module`` (``module`` itself is never changed)."""
+
+    def surgery(self, module: nn.Module) -> nn.Module:
+        """1.1's spelling of ``self(module)`` (``BlurPool(...).surgery(model)``): deprecated."""
+        name = type(self).__name__
+        deprecated(f"{name}.surgery(model)", f"{name}(...)(model)", "1.2")
+        return self(module)

@@ -8,14 +8,11 @@ order the algorithms of one event. :func:`run_event` orders an algorithm list fo
 applies the matching ones and returns the new :class:`TrainState` with a :class:`Trace` per
 application.
 
-The machinery a training step is built from is here too, for code that builds a step
-(:mod:`sbfunc.step`, :mod:`sbfunc.distributed`): :class:`Planner` decides on the host which
-algorithms run on each event of a step, :class:`Carry` is what the step threads through its
-events, :func:`apply_planned` applies one event's planned algorithms, :func:`step_key` and
-:func:`stream_ids` derive the keys, :func:`in_step` says which fields a write may change.
+The machinery a training step is built from (the planner, the carry, the key derivation) has
+an internal face of its own, :mod:`sbfunc.engine.internal`, without a stability guarantee.
 """
 
-from sbfunc._namespace import api_dir
+from sbfunc._namespace import api_dir, moved_names
 from sbfunc.engine._algorithm import FLAGS, Algorithm, ApplyResult
 from sbfunc.engine._combinators import (
     during,
@@ -42,11 +39,10 @@ from sbfunc.engine._ordering import (
     sort_to_front,
     warn_if_multiple_loss_interpolation,
 )
-from sbfunc.engine._plan import Plan, Planner
-from sbfunc.engine._run import Carry, advance_time, apply_planned, run_event, step_key
-from sbfunc.engine._state import Clock, Context, Duration, Time, TrainState
-from sbfunc.engine._trace import Trace, stream_ids, trace_labels, unpack_result
-from sbfunc.engine._writes import EVALUATION, Writable, in_step
+from sbfunc.engine._run import run_event
+from sbfunc.engine._state import Context, Duration, Time, TrainState
+from sbfunc.engine._trace import Trace, trace_labels, unpack_result
+from sbfunc.engine._writes import EVALUATION, Writable
 
 __all__ = [
     "COMPOSER_PASSES",
@@ -55,25 +51,18 @@ __all__ = [
     "FLAGS",
     "Algorithm",
     "ApplyResult",
-    "Carry",
-    "Clock",
     "Context",
     "Duration",
     "ElapsedSchedule",
     "Event",
     "MultipleLossInterpolationWarning",
     "Pass",
-    "Plan",
-    "Planner",
     "Time",
     "Trace",
     "TrainState",
     "Writable",
-    "advance_time",
-    "apply_planned",
     "during",
     "every_n_steps",
-    "in_step",
     "named_sequence",
     "on_events",
     "order_by_phase",
@@ -87,13 +76,14 @@ __all__ = [
     "sort_selective_backprop_first",
     "sort_to_back",
     "sort_to_front",
-    "step_key",
-    "stream_ids",
     "trace_labels",
     "unpack_result",
     "warn_if_multiple_loss_interpolation",
     "when",
 ]
 
-
+_INTERNAL = ("Carry", "Plan", "Planner", "advance_time", "apply_planned", "in_step")
+__getattr__ = moved_names(  # the step's machinery has its own face since 1.2
+    "sbfunc.engine", ("1.2", ("sbfunc.engine.internal", (*_INTERNAL, "step_key", "stream_ids")))
+)
 __dir__ = api_dir(__all__)  # dir() lists the API, not the imports

@@ -156,7 +156,7 @@ def run_event(
         state: the train state; ``state.algorithm_state`` has one entry per algorithm.
         algorithms: the algorithms of the run.
         passes: the ordering passes (``sbfunc.engine.DEFAULT_PASSES`` by default).
-        planner: a :class:`~sbfunc.engine.Planner` of ``algorithms`` that plans ``event``
+        planner: a :class:`~sbfunc.engine.internal.Planner` of ``algorithms`` that plans ``event``
             (a training step passes its own); ``None`` builds one.
 
     Returns:

@@ -138,7 +138,7 @@ class Clock(NamedTuple):
         total_known: whether ``total_steps`` is known (a host value: the core's structure).
 
     Example:
-        >>> from sbfunc.engine import Clock
+        >>> from sbfunc.engine.internal import Clock
         >>> t = sbfunc.Time(step=7, elapsed=0.1, total_steps=70)
         >>> Clock.of(t, "cpu").time(t) == t.as_tensors()
         True

@@ -45,8 +45,8 @@ def stream_ids(names: Sequence[str]) -> tuple[int, ...]:
     algorithm never changes an algorithm's draws.
 
     Example:
-        >>> a, b, c = sbfunc.engine.stream_ids(["Toy", "x", "Toy"])
-        >>> a != c, sbfunc.engine.stream_ids(["x"])[0] == b
+        >>> a, b, c = sbfunc.engine.internal.stream_ids(["Toy", "x", "Toy"])
+        >>> a != c, sbfunc.engine.internal.stream_ids(["x"])[0] == b
         (True, True)
 
     References:

@@ -60,7 +60,7 @@ def in_step(*, staged: bool) -> Writable:
             or ``BEFORE_LOSS`` reach the criterion.
 
     Example:
-        >>> from sbfunc.engine import in_step
+        >>> from sbfunc.engine.internal import in_step
         >>> sorted(e.name for e in in_step(staged=True)["loss"])
         ['AFTER_LOSS', 'BEFORE_BACKWARD']
     """

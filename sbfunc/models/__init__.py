@@ -2,7 +2,7 @@
 
 * :class:`CausalLM`: a small GPT-style decoder-only transformer (about 0.66M parameters by
   default) for the byte-level corpus of :func:`sbfunc.datasets.stdlib_corpus`, built from
-  ``nn.MultiheadAttention`` so that :func:`sbfunc.algorithms.apply_alibi` applies; it
+  ``nn.MultiheadAttention`` so that :class:`sbfunc.algorithms.Alibi`'s surgery applies; it
   returns the logits as a plain ``[N, L, V]`` tensor.
 
 Its criterion is :data:`sbfunc.module.next_token_cross_entropy` (next-token cross-entropy of

@@ -75,7 +75,7 @@ class CausalLM(nn.Module):
     spoil the later positions.
 
     Because the attention is ``nn.MultiheadAttention`` and the position embedding an
-    ``nn.Embedding`` named ``wpe``, :func:`sbfunc.algorithms.apply_alibi` turns it into an
+    ``nn.Embedding`` named ``wpe``, :class:`sbfunc.algorithms.Alibi`'s surgery turns it into an
     ALiBi model (the position table becomes zeros and longer rows are accepted);
     ``position_embeddings=False`` builds it without one. Initial weights are GPT-2's, drawn
     from ``key`` (the global RNG is left as it was). The defaults have 660,736 parameters;

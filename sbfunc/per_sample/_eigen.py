@@ -17,6 +17,7 @@ import torch
 
 from sbfunc.per_sample._factors import cat_factors, transform
 from sbfunc.per_sample._request import curvature
+from sbfunc.per_sample._transforms import PerSampleTransform
 from sbfunc.types import Params, PerSample
 from sbfunc.validation import check_int
 
@@ -81,7 +82,7 @@ def ggn_eigen(
     reduction: str = "mean",
     wrt: Sequence[str] | None = None,
     per_sample: PerSample = None,
-) -> Any:
+) -> PerSampleTransform[GGNEigen]:
     """The ``k`` leading eigenpairs of the GGN of the selected samples, with parameter-shaped
     eigenvectors (ViViT's low-rank access to the GGN).
 

@@ -20,7 +20,6 @@ from sbfunc.per_sample._factors import factor_iter, transform
 from sbfunc.per_sample._intercept import LayerRecorder
 from sbfunc.per_sample._loss_hessian import element_weight, hessian_vector
 from sbfunc.per_sample._request import Chunk, Curvature, check_curvature_output, chunks, curvature
-from sbfunc.per_sample._sqrt_ggn import KeyedTransform
 from sbfunc.per_sample._transforms import PerSampleTransform
 from sbfunc.types import Params, PerSample
 
@@ -103,7 +102,7 @@ def diag_ggn_mc(
     reduction: str = "mean",
     wrt: Sequence[str] | None = None,
     per_sample: PerSample = None,
-) -> KeyedTransform[Params]:
+) -> PerSampleTransform[Params]:
     """A Monte-Carlo estimate of the GGN diagonal of the selected samples (BackPACK's
     ``DiagGGNMC``, on any subset): ``sum_{m, i} F[m, i]^2`` over :func:`sqrt_ggn_mc`'s factors.
 
@@ -193,7 +192,7 @@ def batch_diag_ggn_mc(
     reduction: str = "mean",
     wrt: Sequence[str] | None = None,
     per_sample: PerSample = None,
-) -> KeyedTransform[Params]:
+) -> PerSampleTransform[Params]:
     """Monte-Carlo per-sample GGN diagonals ``{name: Tensor[S, *shape]}`` (BackPACK's
     ``BatchDiagGGNMC``, on any subset): row ``i`` is ``sum_m F[m, i]^2`` over
     :func:`sqrt_ggn_mc`'s factors.

@@ -10,8 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from sbfunc._rows import check_per_sample
-from sbfunc.batch import batch_size, take
+from sbfunc.batch import batch_size, check_per_sample, take
 from sbfunc.module import ModuleLoss, check_state
 from sbfunc.per_sample._engine import check_subsampling, check_wrt, resolve_wrt
 from sbfunc.per_sample._loss_hessian import Kind, criterion_kind

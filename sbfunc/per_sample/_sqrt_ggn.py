@@ -14,63 +14,14 @@ samples (``E[S_n S_n^T] = H_n``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
-
-import torch
+from typing import Any
 
 from sbfunc.per_sample._factors import cat_factors, transform
 from sbfunc.per_sample._request import curvature
 from sbfunc.per_sample._transforms import PerSampleTransform
-from sbfunc.random import Key
 from sbfunc.types import Params, PerSample
 
-__all__ = ["KeyedTransform", "sqrt_ggn_exact", "sqrt_ggn_mc"]
-
-T_co = TypeVar("T_co", covariant=True)
-
-
-class KeyedTransform(Protocol[T_co]):
-    """The function a Monte-Carlo curvature transform returns:
-    ``f(params, buffers, batch, *, key, subsampling=None, chunk_size=None) -> T``.
-
-    Example:
-        >>> from sbfunc.per_sample import sqrt_ggn_mc
-        >>> model = torch.nn.Linear(2, 3)
-        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
-        >>> f = sqrt_ggn_mc(loss_fn, mc_samples=4)
-        >>> batch = (torch.randn(5, 2), torch.zeros(5, dtype=torch.long))
-        >>> key = sbfunc.random.key(0)
-        >>> f(*sbfunc.split_module(model), batch, key=key, subsampling=[1, 2])["weight"].shape
-        torch.Size([4, 2, 3, 2])
-    """
-
-    def __call__(
-        self,
-        params: Params,
-        buffers: Params,
-        batch: Any,
-        /,
-        *,
-        key: Key,
-        subsampling: Sequence[int] | torch.Tensor | None = None,
-        chunk_size: int | None = None,
-    ) -> T_co:
-        """Compute the quantity for the selected samples.
-
-        Args:
-            params: parameter dict (e.g. from :func:`sbfunc.split_module`); never modified.
-            buffers: buffer dict.
-            batch: any pytree batch of ``N`` samples.
-            key: the key of the Monte-Carlo draws (``sbfunc.random.key(seed)``): the same key
-                gives the same result, whatever ``chunk_size``.
-            subsampling: indices of the samples to use (1-D, in ``[0, N)``; order and repeats
-                are kept), or ``None`` for all.
-            chunk_size: at most this many samples per forward/backward, or ``None``.
-
-        Returns:
-            The transform's quantity for the ``S`` selected samples.
-        """
-        ...
+__all__ = ["sqrt_ggn_exact", "sqrt_ggn_mc"]
 
 
 def _identity(factors: Params) -> Params:
@@ -148,7 +99,7 @@ def sqrt_ggn_mc(
     reduction: str = "mean",
     wrt: Sequence[str] | None = None,
     per_sample: PerSample = None,
-) -> KeyedTransform[Params]:
+) -> PerSampleTransform[Params]:
     """Monte-Carlo GGN square-root factors: ``{name: Tensor[M, S, *shape]}``.
 
     As :func:`sqrt_ggn_exact` with ``S_n`` replaced by ``M`` sampled columns scaled by

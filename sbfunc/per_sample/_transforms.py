@@ -1,7 +1,9 @@
 """Pure transforms of a per-sample loss function into per-sample gradient quantities.
 
-Each transform takes a :class:`~sbfunc.types.LossFn` and returns
-``f(params, buffers, batch, *, subsampling=None, chunk_size=None)``:
+Each transform takes a :class:`~sbfunc.types.LossFn` and returns a
+:class:`PerSampleTransform`, ``f(params, buffers, batch, *, subsampling=None, chunk_size=None,
+key=None)``, the one shape of every transform of :mod:`sbfunc.per_sample` (the curvature ones
+too):
 
 * ``subsampling``: indices of the samples to use (1-D, in ``[0, N)``); since samples are
   independent the quantities are computed on ``take(batch, subsampling)`` only, so the cost
@@ -9,6 +11,8 @@ Each transform takes a :class:`~sbfunc.types.LossFn` and returns
   of a per-sample result is sample ``subsampling[i]``, and a repeated index counts once per
   position in sums and variances.
 * ``chunk_size``: process at most this many samples per forward/backward to bound memory.
+* ``key``: the draws of a Monte-Carlo transform (``sqrt_ggn_mc``, ``diag_ggn_mc``, ...), which
+  requires it; an exact transform draws nothing and ignores it, so one call serves both.
 * ``wrt`` (at construction): parameter names or module prefixes to differentiate; the others
   are frozen (constants) and absent from the results.
 * ``per_sample`` (at construction): which leaves of the batch are per-sample
@@ -32,10 +36,10 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
-from sbfunc._rows import check_per_sample
-from sbfunc.batch import batch_size
+from sbfunc.batch import batch_size, check_per_sample
 from sbfunc.module import check_loss_fn
 from sbfunc.per_sample._engine import Stat, check_wrt, compute
+from sbfunc.random import Key
 from sbfunc.types import LossFn, Params, PerSample
 
 __all__ = [
@@ -51,16 +55,21 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class PerSampleTransform(Protocol[T_co]):
-    """The function a per-sample transform returns:
-    ``f(params, buffers, batch, *, subsampling=None, chunk_size=None) -> T``.
+    """The function every per-sample transform returns:
+    ``f(params, buffers, batch, *, subsampling=None, chunk_size=None, key=None) -> T``.
 
-    Its arguments and result are documented on :meth:`__call__`.
+    Its arguments and result are documented on :meth:`__call__`. A Monte-Carlo transform
+    (:func:`~sbfunc.per_sample.sqrt_ggn_mc`, ...) requires ``key``; the exact ones ignore it.
 
     Example:
         >>> from sbfunc.per_sample import batch_grad
         >>> f = batch_grad(lambda p, b, x: (x * p["w"]).sum(1))
         >>> f({"w": torch.zeros(2)}, {}, torch.eye(2), subsampling=[1])["w"]
         tensor([[0., 1.]])
+
+    References:
+        Dangel et al. 2020, "BackPACK" (its extensions' quantities, with ``subsampling``);
+        JAX ``jax.random`` (a key passed where randomness is drawn).
     """
 
     def __call__(
@@ -72,6 +81,7 @@ class PerSampleTransform(Protocol[T_co]):
         *,
         subsampling: Sequence[int] | torch.Tensor | None = None,
         chunk_size: int | None = None,
+        key: Key | None = None,
     ) -> T_co:
         """Compute the quantity for the selected samples.
 
@@ -82,6 +92,9 @@ class PerSampleTransform(Protocol[T_co]):
             subsampling: indices of the samples to use (1-D, in ``[0, N)``; order and
                 repeats kept: row ``i`` is sample ``subsampling[i]``), or ``None``.
             chunk_size: at most this many samples per forward/backward, or ``None``.
+            key: the key of a Monte-Carlo transform's draws (``sbfunc.random.key(seed)``),
+                which requires it: the same key gives the same result, whatever
+                ``chunk_size``. An exact transform ignores it.
 
         Returns:
             The transform's quantity for the ``S`` selected samples.
@@ -124,6 +137,7 @@ def _stats(
         *,
         subsampling: Sequence[int] | torch.Tensor | None = None,
         chunk_size: int | None = None,
+        key: Key | None = None,  # exact: nothing is drawn
     ) -> dict[str, Params]:
         return compute(
             loss_fn,

@@ -36,6 +36,7 @@ def score_losses(
     input: Field = 0,
     dtype: torch.dtype | None = None,
     per_sample: PerSample = None,
+    rows: int | None = None,
 ) -> torch.Tensor:
     """Per-sample losses of a whole batch, computed without building a graph.
 
@@ -60,6 +61,8 @@ def score_losses(
             ``torch.bfloat16``) on the batch's device; the scores come back as ``float32``.
         per_sample: which leaves of ``batch`` are per-sample (:data:`sbfunc.types.PerSample`),
             to count its rows; ``None`` infers them.
+        rows: the batch's row count when the caller has counted it (then it is not counted
+            again, and ``per_sample`` is not read); ``None``: counted here.
 
     Returns:
         A detached ``Tensor[N]`` on the batch's device; for an empty batch, an empty one
@@ -81,7 +84,7 @@ def score_losses(
         Jiang et al. 2019, "Accelerating Deep Learning by Focusing on the Biggest Losers".
     """
     check_loss_fn(loss_fn)
-    n = batch_size(batch, per_sample=per_sample)
+    n = batch_size(batch, per_sample=per_sample) if rows is None else rows
     if n == 0:
         check_scale_factor(scale_factor)
         return torch.zeros(0, device=batch_device(batch))

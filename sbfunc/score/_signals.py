@@ -291,13 +291,15 @@ def score_signals(
     input: Field = 0,
     dtype: torch.dtype | None = None,
     per_sample: PerSample = None,
+    rows: int | None = None,
 ) -> tuple[torch.Tensor, Signals]:
     """Per-sample losses and :class:`Signals` of a whole batch under no-grad: the scoring
     forward of :func:`~sbfunc.score.score_losses` that also returns what ``scorer`` needs.
 
-    The arguments are those of :func:`~sbfunc.score.score_losses`; the losses come back as
-    ``float32`` under ``dtype`` (the logits and features too), every signal detached, one row
-    per batch row (fixed shapes). An empty batch runs no forward and returns ``Signals()``.
+    The arguments are those of :func:`~sbfunc.score.score_losses` (``rows`` too); the losses
+    come back as ``float32`` under ``dtype`` (the logits and features too), every signal
+    detached, one row per batch row (fixed shapes). An empty batch runs no forward and returns
+    ``Signals()``.
 
     Example:
         >>> from sbfunc.score import SignalScorer, score_signals
@@ -311,7 +313,7 @@ def score_signals(
         >>> sig.logits.shape
         torch.Size([5, 3])
     """
-    n = batch_size(batch, per_sample=per_sample)
+    n = batch_size(batch, per_sample=per_sample) if rows is None else rows
     if n == 0:  # nothing to select from: no forward
         return torch.zeros(0, device=batch_device(batch)), Signals()
     scored = downsample_batch(batch, scale_factor, input=input)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
 from sbfunc._frozen import replaced
-from sbfunc._rows import check_per_sample
-from sbfunc.batch import Field, batch_size, check_field, check_same_spec, extract, take
+from sbfunc.batch import (
+    Field,
+    batch_size,
+    check_field,
+    check_per_sample,
+    check_same_spec,
+    extract,
+)
 from sbfunc.engine import Algorithm, Context, Event
 from sbfunc.module import ModuleLoss, check_loss_fn, draws_randomness, mode_dependent
 from sbfunc.policies import Policy
@@ -25,9 +30,9 @@ from sbfunc.score import (
     score_signals,
 )
 from sbfunc.select import Selection
-from sbfunc.selective_backprop._apply import apply_policy, score_needed, unscorable_left_out
+from sbfunc.selective_backprop._apply import ScoreBatch, select_rows
 from sbfunc.selective_backprop._checks import check_policy
-from sbfunc.selective_backprop._queue import Queue, dequeue, empty_queue, enqueue
+from sbfunc.selective_backprop._queue import Queue, empty_queue, refill
 from sbfunc.selective_backprop._window import check_window, in_window
 from sbfunc.types import LossFn, PerSample
 
@@ -53,10 +58,10 @@ _Scored = tuple[torch.Tensor, Signals | None]
 """A scoring forward's per-row scores, and the policy's signals when it needs any."""
 
 
-def _keyed(score: Callable[[Any], _Scored], key: torch.Tensor) -> Callable[[Any], _Scored]:
-    def keyed_score(batch: Any) -> _Scored:
+def _keyed(score: ScoreBatch, key: torch.Tensor) -> ScoreBatch:
+    def keyed_score(batch: Any, rows: int) -> _Scored:
         with sbrandom.keyed(key):
-            return score(batch)
+            return score(batch, rows)
 
     return keyed_score
 
@@ -296,32 +301,30 @@ class SelectiveBackprop(Algorithm):
         policy_state = self.policy.record(policy_state, ids, ctx.losses, epoch)
         return ctx.replace(own=policy_state if queue is None else (policy_state, queue))
 
-    def _scorer(self, ctx: Context, loss_fn: LossFn) -> Callable[[Any], _Scored]:
-        def scored(batch: Any) -> _Scored:
+    def _scorer(self, ctx: Context, loss_fn: LossFn) -> ScoreBatch:
+        def scored(batch: Any, rows: int) -> _Scored:
             args = (ctx.params, ctx.buffers, batch)
             options: dict[str, Any] = dict(
                 scale_factor=self.scale_factor, input=self.scoring.input,
-                dtype=self.scoring.dtype, per_sample=self.per_sample,
+                dtype=self.scoring.dtype, per_sample=self.per_sample, rows=rows,
             )  # fmt: skip
             if self.signal_scorer is not None:
                 return score_signals(self.signal_scorer, *args, **options)
             return score_losses(loss_fn, *args, **options), None
 
-        score: Callable[[Any], _Scored] = scored
+        score: ScoreBatch = scored
         if self.keyed_scoring:
             score = _keyed(score, sbrandom.fold_in(ctx.key, _SCORING))
         if self.scale_factor != 1.0 and not torch.compiler.is_compiling():
             score = self._explained(score, ctx, loss_fn)
         return score
 
-    def _explained(
-        self, score: Callable[[Any], _Scored], ctx: Context, loss_fn: LossFn
-    ) -> Callable[[Any], _Scored]:
+    def _explained(self, score: ScoreBatch, ctx: Context, loss_fn: LossFn) -> ScoreBatch:
         """``score``, with a failure of the downsampled forward explained (eagerly)."""
 
-        def explained_score(batch: Any) -> _Scored:
+        def explained_score(batch: Any, rows: int) -> _Scored:
             try:
-                return score(batch)
+                return score(batch, rows)
             except (RuntimeError, ValueError):
                 check_downsampled_scoring(
                     loss_fn, ctx.params, ctx.buffers, batch, self.scale_factor,
@@ -332,46 +335,28 @@ class SelectiveBackprop(Algorithm):
         return explained_score
 
     def _select(self, ctx: Context, loss_fn: LossFn) -> Context:
-        """Score, select, prune (and queue with ``refill``); count the unscorable rows left
-        out."""
-        epoch: int | torch.Tensor = ctx.time.epoch  # 0-d tensors inside a step
+        """Score, select, prune and count the unscorable rows left out (one pass:
+        :func:`~sbfunc.selective_backprop._apply.select_rows`); queue with ``refill``."""
         policy_state, queue = (ctx.own, None) if self.refill is None else ctx.own
-        batch, spec = ctx.batch, self.per_sample
-        ids = None if self.ids is None else extract(batch, self.ids, "ids")
+        queued = queue is not None and self.policy.prune is None  # rows this process queues
         score = self._scorer(ctx, loss_fn)
-        signals: Signals | None = None
-        if self.signal_scorer is None:
-            scores, scored, forwarded = score_needed(
-                self.policy, policy_state, batch, ids, epoch, lambda b: score(b)[0],
-                per_sample=spec,
-            )  # fmt: skip
-        else:  # the policy reads every row's signals (make_policy: no score_rows)
-            (scores, signals), scored = score(batch), None
-            forwarded = batch_size(batch, per_sample=spec)
-        pruned = apply_policy(
-            self.policy, policy_state, batch, scores, key=ctx.key, ids=self.ids, epoch=epoch,
-            elapsed=ctx.time.elapsed, scored=scored, per_sample=spec, signals=signals,
+        sel = select_rows(
+            self.policy, policy_state, ctx.batch, score, loss_fn,
+            key=ctx.key, ids=self.ids, epoch=ctx.time.epoch, elapsed=ctx.time.elapsed,
+            per_sample=self.per_sample, finite_only=queued,
         )  # fmt: skip
-        batch, weights, own = pruned.batch, pruned.weights, pruned.state
-        trained = pruned.indices  # the rows of this batch that go on
-        kept_weights = weights
+        batch, weights, own = sel.batch, sel.weights, sel.state
         if queue is not None:
-            if self.policy.prune is None:  # never queue a row the model cannot score
-                rows = scores.index_select(0, trained).isfinite().nonzero().reshape(-1)
-                batch, trained = take(batch, rows, per_sample=spec), trained.index_select(0, rows)
             batch, queue = self._refill(queue, batch, weights)
             weights, own = None, (own, queue)
-        dropped = unscorable_left_out(
-            scores, scored, trained, ctx.batch, loss_fn, per_sample=self.per_sample
-        )
         before = ctx.rows_unscorable
         return ctx.replace(
             batch=batch,
             sample_weights=weights,
             own=own,
-            samples_scored=ctx.samples_scored + forwarded,
-            rows_unscorable=dropped if before is None else before + dropped,
-            kept=Selection(trained, kept_weights if queue is None else None),
+            samples_scored=ctx.samples_scored + sel.scored,
+            rows_unscorable=sel.unscorable if before is None else before + sel.unscorable,
+            kept=Selection(sel.indices, sel.weights if queue is None else None),
         )
 
     def _refill(self, queue: Queue, kept: Any, weights: Any) -> tuple[Any, Queue]:
@@ -380,12 +365,7 @@ class SelectiveBackprop(Algorithm):
                 f"{self.name}: refill cannot queue weighted selections; use a policy without "
                 "weights (e.g. jiang_cdf(beta) with reweight=False)"
             )
-        spec = self.per_sample
-        queue = enqueue(queue, kept, per_sample=spec)
-        full, queue = dequeue(queue, self.refill_size, per_sample=spec)
-        if full is None:  # 0 rows: the step makes no update
-            full = empty_queue(kept, per_sample=spec).rows
-        return full, queue
+        return refill(queue, kept, self.refill_size, per_sample=self.per_sample)
 
     def __repr__(self) -> str:
         how = f"policy={self.policy!r}" if self.keep is None else f"keep={self.keep}"

@@ -1,18 +1,20 @@
 """Run a policy on a pytree batch: ids from a batch field, pruning, scoring only the rows
-the policy reads, and counting the unscorable rows a selection leaves out."""
+the policy reads, and counting the unscorable rows a selection leaves out.
+
+:func:`select_rows` is Selective Backprop's whole selection of one batch, in one pass: the
+rows counted once (and the ids read once), scored, selected, pruned and the unscorable ones
+left out counted, the count carried from stage to stage. :func:`apply_policy` and
+:func:`score_needed` are its public stages, each counting the rows of the batch it is given."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc._finite import finite_entries, trainable_rows
-from sbfunc._rows import flat_tensors
-from sbfunc._tracing import host_readable
+from sbfunc._finite import finite_entries, known_finite, trainable_rows
 from sbfunc.batch import Field, batch_device, batch_size, extract, take
 from sbfunc.module import ModuleLoss
 from sbfunc.policies import Policy, PolicyState, check_scores
@@ -21,12 +23,19 @@ from sbfunc.types import LossFn, PerSample
 
 __all__ = [
     "Pruned",
+    "Selected",
     "apply_policy",
-    "nothing_unscorable",
+    "needed_scores",
+    "pruned",
     "score_needed",
+    "select_rows",
     "unscorable_dropped",
     "unscorable_left_out",
 ]
+
+ScoreBatch = Callable[[Any, int], "tuple[torch.Tensor, Signals | None]"]
+"""``(batch, rows) -> (scores, signals)``: the scoring forward of a batch of ``rows`` rows (the
+caller knows the count), with the policy's signals when it needs any (else ``None``)."""
 
 
 class Pruned(NamedTuple):
@@ -53,6 +62,98 @@ class Pruned(NamedTuple):
     weights: torch.Tensor | None
     indices: torch.Tensor
     state: PolicyState
+
+
+class Selected(NamedTuple):
+    """The outcome of :func:`select_rows`: Selective Backprop's selection of one batch.
+
+    Attributes:
+        batch: the rows that go on (every per-sample leaf pruned, structure kept).
+        weights: their loss weights (``None`` for an unweighted mean).
+        indices: their indices into the input batch.
+        state: the policy's next state.
+        scored: the number of rows the scoring forward saw.
+        unscorable: the rows left out that could not be scored, a 0-d ``int64`` tensor
+            (:func:`unscorable_left_out`).
+    """
+
+    batch: Any
+    weights: torch.Tensor | None
+    indices: torch.Tensor
+    state: PolicyState
+    scored: int
+    unscorable: torch.Tensor
+
+
+def select_rows(
+    policy: Policy,
+    state: PolicyState,
+    batch: Any,
+    score: ScoreBatch,
+    loss_fn: LossFn,
+    *,
+    key: sbrandom.Key,
+    ids: Field | None,
+    epoch: int | torch.Tensor,
+    elapsed: float | torch.Tensor,
+    per_sample: PerSample,
+    finite_only: bool = False,
+) -> Selected:
+    """Select rows of ``batch`` with ``policy``, in one pass: count the rows and read the ids
+    once, score the rows the policy reads (:func:`needed_scores`; every row, with the signals,
+    for a policy that ``needs`` them), select and prune (:func:`pruned`), and count the
+    unscorable rows left out (:func:`unscorable_left_out`).
+
+    Args:
+        policy: the policy.
+        state: its state.
+        batch: the pytree batch.
+        score: its scoring forward (:data:`ScoreBatch`).
+        loss_fn: the scoring loss (a module loss says which rows it can use).
+        key: the selection's key.
+        ids: where the sample ids sit in the batch, or ``None``.
+        epoch: the current epoch.
+        elapsed: the fraction of training done.
+        per_sample: which leaves of ``batch`` are per-sample.
+        finite_only: keep only the kept rows of finite score (rows to queue: a refill never
+            queues a row the model cannot score).
+
+    Returns:
+        A :class:`Selected`.
+
+    Example:
+        >>> from sbfunc.policies import top_k
+        >>> model = torch.nn.Linear(2, 3)
+        >>> loss_fn = sbfunc.per_sample_loss(model, torch.nn.functional.cross_entropy)
+        >>> batch = (torch.tensor([[1.0, 2.0], [float("nan"), 0.0]]), torch.tensor([0, 1]))
+        >>> score = lambda b, n: (torch.tensor([1.0, float("nan")])[:n], None)
+        >>> out = select_rows(top_k(0.5), None, batch, score, loss_fn, key=sbfunc.random.key(0),
+        ...                   ids=None, epoch=0, elapsed=0.0, per_sample=None)
+        >>> out.indices, out.scored, out.unscorable
+        (tensor([0]), 2, tensor(1))
+    """
+    id_tensor = None if ids is None else extract(batch, ids, "ids")  # read once
+    rows = batch_size(batch, per_sample=per_sample)  # counted once, carried below
+    signals: Signals | None = None
+    if policy.needs:  # it reads every row's signals (make_policy: no score_rows)
+        (scores, signals), fresh, forwarded = score(batch, rows), None, rows
+    else:
+
+        def losses(part: Any, n: int) -> torch.Tensor:
+            return score(part, n)[0]
+
+        scores, fresh, forwarded = needed_scores(
+            policy, state, batch, id_tensor, epoch, losses, rows, per_sample
+        )
+    out = pruned(
+        policy, state, batch, scores, rows, key=key, ids=id_tensor, epoch=epoch,
+        elapsed=elapsed, scored=fresh, per_sample=per_sample, signals=signals,
+        finite_only=finite_only,
+    )  # fmt: skip
+    dropped = unscorable_left_out(
+        scores, fresh, out.indices, batch, loss_fn, per_sample=per_sample
+    )
+    return Selected(out.batch, out.weights, out.indices, out.state, forwarded, dropped)
 
 
 def apply_policy(
@@ -107,10 +208,37 @@ def apply_policy(
         >>> out.batch["id"], out.weights
         (tensor([0]), None)
     """
-    n = batch_size(batch, per_sample=per_sample)
-    if check_scores(scores) != n:
-        raise ValueError(f"scores must have shape ({n},) for a batch of {n}, got {scores.shape}")
-    id_tensor = None if ids is None else extract(batch, ids, "ids")
+    return pruned(
+        policy, state, batch, scores, batch_size(batch, per_sample=per_sample),
+        key=key, ids=None if ids is None else extract(batch, ids, "ids"), epoch=epoch,
+        elapsed=elapsed, scored=scored, per_sample=per_sample, signals=signals,
+    )  # fmt: skip
+
+
+def pruned(
+    policy: Policy,
+    state: PolicyState,
+    batch: Any,
+    scores: torch.Tensor,
+    rows: int,
+    *,
+    key: sbrandom.Key,
+    ids: torch.Tensor | None,
+    epoch: int | torch.Tensor,
+    elapsed: float | torch.Tensor,
+    scored: torch.Tensor | None,
+    per_sample: PerSample,
+    signals: Signals | None,
+    finite_only: bool = False,
+) -> Pruned:
+    """:func:`apply_policy` of a batch whose ``rows`` the caller counted and whose ``ids``
+    tensor it read (the stage of :func:`select_rows`); with ``finite_only``, the selected rows
+    of non-finite score are left out too (before the one :func:`~sbfunc.batch.take`; the
+    weights, which a refill refuses, are the selection's)."""
+    if check_scores(scores) != rows:
+        raise ValueError(
+            f"scores must have shape ({rows},) for a batch of {rows}, got {scores.shape}"
+        )
     # signals go only to a policy that reads them: a `select` written for 1.0 takes none
     extra = {"signals": signals} if policy.needs else {}
     if policy.prune is not None:
@@ -118,15 +246,19 @@ def apply_policy(
             raise ValueError("a policy with prune scores every row: pass scored=None")
         return Pruned(
             *policy.prune(
-                batch, scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed,
+                batch, scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed,
                 per_sample=per_sample, **extra,
             )
         )  # fmt: skip
     sel, state = policy.select(
-        scores, state, key=key, ids=id_tensor, epoch=epoch, elapsed=elapsed, scored=scored,
-        **extra,
-    )  # fmt: skip
-    return Pruned(take(batch, sel.indices, per_sample=per_sample), sel.weights, sel.indices, state)
+        scores, state, key=key, ids=ids, epoch=epoch, elapsed=elapsed, scored=scored, **extra
+    )
+    indices = sel.indices
+    if finite_only:  # never queue a row the model cannot score
+        indices = indices.index_select(
+            0, scores.index_select(0, indices).isfinite().nonzero().reshape(-1)
+        )
+    return Pruned(take(batch, indices, per_sample=per_sample), sel.weights, indices, state)
 
 
 def score_needed(
@@ -169,20 +301,35 @@ def score_needed(
         (tensor([10.,  0.]), tensor([ True, False]), 1)
     """
     n = batch_size(batch, per_sample=per_sample)
-    if n == 0:  # an empty batch: no forward, and select returns an empty selection
+    return needed_scores(policy, state, batch, ids, epoch, lambda b, _: score_fn(b), n, per_sample)
+
+
+def needed_scores(
+    policy: Policy,
+    state: PolicyState,
+    batch: Any,
+    ids: torch.Tensor | None,
+    epoch: int | torch.Tensor,
+    score_fn: Callable[[Any, int], torch.Tensor],
+    rows: int,
+    per_sample: PerSample,
+) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """:func:`score_needed` of a batch of ``rows`` rows, counted by the caller; ``score_fn``
+    takes the batch it scores and its row count, ``(batch, n) -> Tensor[n]``."""
+    if rows == 0:  # an empty batch: no forward, and select returns an empty selection
         return torch.zeros(0, device=batch_device(batch)), None, 0
     if policy.score_rows is None:
-        return score_fn(batch), None, n
+        return score_fn(batch, rows), None, rows
     scored = policy.score_rows(state, ids, epoch)
-    rows = scored.nonzero().reshape(-1)  # variable size
-    if rows.shape[0] == 0:  # every row's loss is remembered: no forward at all
-        return torch.zeros(n, device=scored.device), scored, 0
-    fresh = score_fn(take(batch, rows, per_sample=per_sample))
-    scores = torch.zeros(n, dtype=fresh.dtype, device=fresh.device)
+    needed = scored.nonzero().reshape(-1)  # variable size
+    if needed.shape[0] == 0:  # every row's loss is remembered: no forward at all
+        return torch.zeros(rows, device=scored.device), scored, 0
+    fresh = score_fn(take(batch, needed, per_sample=per_sample), needed.shape[0])
+    scores = torch.zeros(rows, dtype=fresh.dtype, device=fresh.device)
     return (
-        scores.index_put((rows.to(fresh.device),), fresh),
+        scores.index_put((needed.to(fresh.device),), fresh),
         scored.to(fresh.device),
-        rows.shape[0],
+        needed.shape[0],
     )
 
 
@@ -240,8 +387,8 @@ def unscorable_left_out(
 ) -> torch.Tensor:
     """:func:`unscorable_dropped` of a selection from ``batch``, its rows' inputs checked for
     finiteness and, for a module loss, for a real target token and attention position
-    (``ModuleLoss.usable_rows``); 0 at once when :func:`nothing_unscorable` knows it (every
-    score fresh). A 0-d ``int64`` tensor on the scores' device.
+    (``ModuleLoss.usable_rows``); 0 at once when ``sbfunc._finite.known_finite`` knows it
+    (every score fresh). A 0-d ``int64`` tensor on the scores' device.
 
     Example:
         >>> model = torch.nn.Linear(2, 3)
@@ -250,32 +397,8 @@ def unscorable_left_out(
         >>> unscorable_left_out(torch.ones(2), None, torch.tensor([0]), batch, loss_fn)
         tensor(1)
     """
-    if scored is None and nothing_unscorable(scores, batch, per_sample=per_sample):
+    if scored is None and known_finite(scores, batch, per_sample=per_sample):
         return torch.scalar_tensor(0, dtype=torch.int64, device=scores.device)
     usable = loss_fn.usable_rows(batch) if isinstance(loss_fn, ModuleLoss) else None
     finite = trainable_rows(batch, usable, per_sample=per_sample)
     return unscorable_dropped(scores, scored, kept, finite=finite)
-
-
-def nothing_unscorable(scores: torch.Tensor, batch: Any, *, per_sample: PerSample = None) -> bool:
-    """Whether no row of ``batch`` can count as unscorable (:func:`unscorable_dropped` is 0
-    whatever is kept), known for free eagerly on the CPU: every score finite (a fresh score of
-    a row the loss cannot use is NaN: ``sbfunc.score.unusable_as_nan``) and every
-    floating-point tensor of a tuple/list/dict batch finite, each read on the host as one sum
-    (a sum that overflows sends the caller to the exact count). ``False`` when that cannot be
-    read (an accelerator, tracing, another batch structure): count with tensors.
-
-    Example:
-        >>> batch = (torch.randn(4, 2), torch.arange(4))
-        >>> nothing_unscorable(torch.ones(4), batch), nothing_unscorable(torch.ones(4) / 0, batch)
-        (True, False)
-    """
-    if per_sample is not None or flat_tensors(batch) < 0 or not _finite_sum(scores):
-        return False
-    leaves = batch.values() if type(batch) is dict else batch
-    return all(_finite_sum(t) for t in leaves if t.is_floating_point())
-
-
-def _finite_sum(t: torch.Tensor) -> bool:
-    """Whether ``t`` is readable on the host and its sum finite (then every entry is)."""
-    return host_readable(t) and math.isfinite(float(t.sum()))

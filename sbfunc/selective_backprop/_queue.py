@@ -22,7 +22,7 @@ from sbfunc.batch import batch_size, take
 from sbfunc.types import PerSample
 from sbfunc.validation import check_int
 
-__all__ = ["Queue", "dequeue", "empty_queue", "enqueue", "flush"]
+__all__ = ["Queue", "dequeue", "empty_queue", "enqueue", "flush", "refill"]
 
 
 class Queue(NamedTuple):
@@ -65,12 +65,16 @@ def empty_queue(like: Any, *, per_sample: PerSample = None) -> Queue:
     return Queue(take(like, torch.zeros(0, dtype=torch.int64), per_sample=per_sample))
 
 
-def _leaves(batch: Any, per_sample: PerSample) -> list[tuple[tuple[Any, ...], Any, bool]]:
-    """``(path, leaf, per-sample?)`` of every leaf of ``batch`` outside ``False`` subtrees."""
-    found: list[tuple[tuple[Any, ...], Any, bool]] = []
+_Leaf = tuple[tuple[Any, ...], Any, "int | None"]
+"""``(path, leaf, size)``: a leaf of a batch and its rows (``None``: metadata)."""
+
+
+def _leaves(batch: Any, per_sample: PerSample) -> list[_Leaf]:
+    """``(path, leaf, rows)`` of every leaf of ``batch`` outside ``False`` subtrees."""
+    found: list[_Leaf] = []
 
     def visit(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
-        found.append((path, leaf, size is not None))
+        found.append((path, leaf, size))
         return leaf
 
     walk(batch, per_sample, visit, rebuild=False)
@@ -119,24 +123,33 @@ def enqueue(queue: Queue, rows: Any, *, per_sample: PerSample = None) -> Queue:
         (tensor([0, 1, 2, 0, 1, 2]), ('a', 'b', 'c', 'a', 'b', 'c'))
     """
     batch_size(rows, per_sample=per_sample)
+    return _enqueued(queue, rows, per_sample)[0]
+
+
+def _enqueued(queue: Queue, rows: Any, per_sample: PerSample) -> tuple[Queue, int]:
+    """:func:`enqueue`, and the number of rows queued after it (read from the leaves)."""
     old = _leaves(queue.rows, per_sample)
     new = _leaves(rows, per_sample)
-    if [(p, is_row) for p, _, is_row in old] != [(p, is_row) for p, _, is_row in new]:
+    if [(p, n is None) for p, _, n in old] != [(p, n is None) for p, _, n in new]:
         raise ValueError(
             "rows must have the queue's structure, per-sample leaves "
             f"{_paths(old)}; got per-sample leaves {_paths(new)} ({len(new)} leaves, the "
             f"queue has {len(old)})"
         )
-    queued = iter([leaf for _, leaf, is_row in old if is_row])
+    queued = iter([leaf for _, leaf, n in old if n is not None])
 
     def cat(path: tuple[Any, ...], leaf: Any, size: int | None) -> Any:
         return leaf if size is None else _concat(path, next(queued), leaf)
 
-    return Queue(walk(rows, per_sample, cat, rebuild=True))
+    return Queue(walk(rows, per_sample, cat, rebuild=True)), _count(old) + _count(new)
 
 
-def _paths(leaves: list[tuple[tuple[Any, ...], Any, bool]]) -> str:
-    return ", ".join(path_str(p) for p, _, is_row in leaves if is_row) or "none"
+def _count(leaves: list[_Leaf]) -> int:
+    return next((n for _, _, n in leaves if n is not None), 0)
+
+
+def _paths(leaves: list[_Leaf]) -> str:
+    return ", ".join(path_str(p) for p, _, n in leaves if n is not None) or "none"
 
 
 def dequeue(queue: Queue, b: int, *, per_sample: PerSample = None) -> tuple[Any | None, Queue]:
@@ -164,10 +177,42 @@ def dequeue(queue: Queue, b: int, *, per_sample: PerSample = None) -> tuple[Any 
     """
     check_int(b, "b", low=1)
     size = batch_size(queue.rows, per_sample=per_sample)
-    if size < b:
-        return None, queue
+    return (None, queue) if size < b else _split(queue, b, size, per_sample)
+
+
+def _split(queue: Queue, b: int, size: int, per_sample: PerSample) -> tuple[Any, Queue]:
+    """The ``b`` oldest of the ``size`` queued rows, and the queue of the others."""
     head = take(queue.rows, torch.arange(b), per_sample=per_sample)
     return head, Queue(take(queue.rows, torch.arange(b, size), per_sample=per_sample))
+
+
+def refill(queue: Queue, rows: Any, b: int, *, per_sample: PerSample = None) -> tuple[Any, Queue]:
+    """Queue ``rows``, then take the ``b`` oldest queued rows as a batch when at least ``b`` are
+    queued, else zero rows of the structure of ``rows`` (a step on it makes no update):
+    Selective Backprop's refill, :func:`enqueue` then :func:`dequeue` with the queue's size
+    carried from one to the other (each batch walked once).
+
+    Args:
+        queue: a :class:`Queue`.
+        rows: the kept rows, a batch of the queue's structure whose leaves agree on their rows
+            (as :func:`sbfunc.batch.take` makes them: they are not counted again).
+        b: the backprop batch size, >= 1.
+        per_sample: the spec the queue was made with (:data:`sbfunc.types.PerSample`).
+
+    Returns:
+        ``(batch, queue)``.
+
+    Example:
+        >>> from sbfunc.selective_backprop import empty_queue
+        >>> batch = (torch.arange(3),)
+        >>> out, q = refill(empty_queue(batch), batch, 4)
+        >>> out, refill(q, batch, 4)[0]
+        ((tensor([], dtype=torch.int64),), (tensor([0, 1, 2, 0]),))
+    """
+    queue, size = _enqueued(queue, rows, per_sample)
+    if size < b:  # 0 rows: the step makes no update
+        return take(rows, torch.zeros(0, dtype=torch.int64), per_sample=per_sample), queue
+    return _split(queue, b, size, per_sample)
 
 
 def flush(queue: Queue, *, per_sample: PerSample = None) -> tuple[Any | None, Queue]:

@@ -10,7 +10,7 @@ irreducible loss (:func:`sbfunc.policies.rho_loss`) and Bayesian selection's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -98,8 +98,31 @@ class TableReference(NamedTuple):
         return table[:, :length]
 
 
-Reference = ModelReference | TableReference
-"""Where a token selection reads the reference's losses."""
+@runtime_checkable
+class Reference(Protocol):
+    """Where a token selection reads the reference's token losses: the policy's shape, an
+    ``init()`` that makes the state (kept in the selection's algorithm state, checkpointed with
+    the run) and a pure ``token_losses(ctx, state)``. :func:`reference_model` and
+    :func:`reference_field` build the two that ship (:class:`ModelReference`,
+    :class:`TableReference`); any object with these two methods is one.
+
+    Example:
+        >>> from sbfunc.selective_backprop import Reference, reference_field
+        >>> isinstance(reference_field(), Reference)
+        True
+
+    References:
+        DeepMind optax ``GradientTransformation`` (an ``init`` and a pure function of an
+        explicit state); Lin et al. 2024, "Rho-1" (the reference model).
+    """
+
+    def init(self) -> Any:
+        """The state the selection keeps for this reference (``None``: none)."""
+        ...
+
+    def token_losses(self, ctx: Context, state: Any) -> torch.Tensor:
+        """The reference's losses of ``ctx.batch``'s tokens, ``[N, L]``, from ``state``."""
+        ...
 
 
 def reference_model(loss_fn: ModuleLoss, params: Params, buffers: Params) -> ModelReference:

@@ -119,6 +119,12 @@ class TokenSelection(Algorithm):
                 "score='excess' needs a reference: pass reference=sbfunc.selective_backprop."
                 "reference_model(...) or reference_field(...), or score='loss' / 'uniform'"
             )
+        if reference is not None and not isinstance(reference, Reference):
+            raise TypeError(
+                "reference must be a Reference (init() and token_losses(ctx, state)): "
+                "sbfunc.selective_backprop.reference_model(loss_fn, params, buffers) or "
+                f"reference_field(field), got {type(reference).__name__}"
+            )
         self.reference = reference
         check_window(start, end, 0)
         self.start, self.end = float(start), float(end)

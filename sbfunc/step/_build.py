@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sbfunc._namespace import REMOVED_IN
-from sbfunc._rows import check_per_sample
+from sbfunc.batch import check_per_sample
 from sbfunc.engine import DEFAULT_PASSES, Algorithm, Pass
 from sbfunc.module import ModuleLoss, check_loss_fn, draws_randomness
 from sbfunc.optim import GradientTransformation, scales_loss

@@ -12,7 +12,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size
-from sbfunc.engine import EVALUATION, Carry, Context, Event, TrainState, apply_planned
+from sbfunc.engine import EVALUATION, Context, Event, TrainState
+from sbfunc.engine.internal import Carry, apply_planned
 
 if TYPE_CHECKING:
     from sbfunc.step._train_step import TrainStep

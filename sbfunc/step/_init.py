@@ -8,7 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from sbfunc import random as sbrandom
-from sbfunc.engine import Algorithm, Time, TrainState, stream_ids
+from sbfunc.engine import Algorithm, Time, TrainState
+from sbfunc.engine.internal import stream_ids
 from sbfunc.module import check_state
 from sbfunc.optim import GradientTransformation
 from sbfunc.random import check_key

@@ -30,7 +30,8 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc.batch import batch_size, take
-from sbfunc.engine import Carry, Context, Event
+from sbfunc.engine import Context, Event
+from sbfunc.engine.internal import Carry
 from sbfunc.step._objective import Differentiated, Fire, Objective
 from sbfunc.step._records import Gradients
 from sbfunc.types import Params, PerSample

@@ -35,7 +35,8 @@ from sbfunc._gradients import (
 )
 from sbfunc._tracing import host_flag, tracing
 from sbfunc.batch import batch_size
-from sbfunc.engine import Carry, Context, Event, Time
+from sbfunc.engine import Context, Event, Time
+from sbfunc.engine.internal import Carry
 from sbfunc.module import ModuleLoss, TokenLosses, reduce_per_sample
 from sbfunc.types import LossFn, Params, PerSample
 

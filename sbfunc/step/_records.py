@@ -6,7 +6,8 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from sbfunc.engine import Carry, Clock, Event, Plan, Trace
+from sbfunc.engine import Event, Trace
+from sbfunc.engine.internal import Carry, Clock, Plan
 from sbfunc.select import Selection
 from sbfunc.types import Params
 

@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from sbfunc.engine import Carry
+from sbfunc.engine.internal import Carry
 from sbfunc.step._records import Gradients
 from sbfunc.types import Params
 
@@ -113,7 +113,8 @@ def no_rows_here(carry: Carry, device: torch.device) -> Gradients:
     :class:`~sbfunc.step._records.Gradients` of no row.
 
     Example:
-        >>> from sbfunc.engine import Carry, Context
+        >>> from sbfunc.engine import Context
+        >>> from sbfunc.engine.internal import Carry
         >>> carry = Carry(Context(None, {"w": torch.ones(2)}, {}, ()), (), ())
         >>> no_rows_here(carry, torch.device("cpu"))[1:]
         ({'w': tensor([0., 0.])}, tensor(0.), None, 0, None)

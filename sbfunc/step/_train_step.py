@@ -26,21 +26,14 @@ from sbfunc import random as sbrandom
 from sbfunc._finite import keep_if_finite, substitute_rows, trainable_rows, update_finite
 from sbfunc._tracing import host_flag, host_readable
 from sbfunc.batch import batch_size, strings_as_row_indices
-from sbfunc.engine import (
-    Algorithm,
+from sbfunc.engine import Algorithm, Context, Event, Pass, Time, Trace, TrainState, run_event
+from sbfunc.engine.internal import (
     Carry,
     Clock,
-    Context,
-    Event,
-    Pass,
     Planner,
-    Time,
-    Trace,
-    TrainState,
     advance_time,
     apply_planned,
     in_step,
-    run_event,
     step_key,
 )
 from sbfunc.module import ModuleLoss

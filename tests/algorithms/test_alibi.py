@@ -14,7 +14,6 @@ from sbfunc.algorithms._alibi import (
     ZeroEmbedding,
     alibi_bias,
     alibi_slopes,
-    apply_alibi,
 )
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
@@ -46,7 +45,7 @@ def test_bias_is_minus_slope_times_distance(heads, lq, extra):
 def _pair(batch_first):
     torch.manual_seed(0)
     mha = nn.MultiheadAttention(8, 4, batch_first=batch_first)
-    return mha, apply_alibi(mha, 16)
+    return mha, Alibi(16)(mha)
 
 
 @pytest.mark.parametrize("batch_first", [True, False])
@@ -159,9 +158,9 @@ def test_alibi_reshapes_training_rows_before_selective_backprop():
 
 def test_errors():
     with pytest.raises(ValueError, match="ALiBi would change nothing"):
-        apply_alibi(nn.Linear(2, 2), 8)
+        Alibi(8)(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="position_embeddings names"):
-        apply_alibi(_tiny(), 8, position_embeddings=["nope"])
+        Alibi(8, position_embeddings=["nope"])(_tiny())
     with pytest.raises(ValueError, match="train_sequence_length_scaling"):
         Alibi(8, 0.0)
     with pytest.raises(ValueError, match="max_sequence_length"):
@@ -198,7 +197,7 @@ def _bert():
 
 def test_gpt2_surgery_keeps_causality_and_extrapolates():
     model = _gpt2()
-    new = apply_alibi(model, 64)
+    new = Alibi(64)(model)
     assert "transformer.wpe.weight" not in dict(new.named_parameters())
     assert new.config._attn_implementation == "sbfunc_alibi"
     assert model.config._attn_implementation != "sbfunc_alibi"  # the input is untouched
@@ -206,13 +205,13 @@ def test_gpt2_surgery_keeps_causality_and_extrapolates():
     logits = new(input_ids=ids).logits
     assert logits.shape == (2, 24, 20)
     torch.testing.assert_close(new(input_ids=ids[:, :7]).logits, logits[:, :7])  # causal
-    plain = apply_alibi(model, 64)
+    plain = Alibi(64)(model)
     plain.set_attn_implementation("eager")  # same model, no bias
     assert not torch.allclose(plain(input_ids=ids).logits, logits)
 
 
 def test_gpt2_trains_in_a_step():
-    model = apply_alibi(_gpt2(), 32).train()
+    model = Alibi(32)(_gpt2()).train()
 
     def criterion(logits, labels):
         return F.cross_entropy(logits.transpose(1, 2), labels, reduction="none")
@@ -233,7 +232,7 @@ def test_gpt2_trains_in_a_step():
 
 def test_bert_surgery_with_padding_and_longer_sequences():
     model = _bert()
-    new = apply_alibi(model, 32)
+    new = Alibi(32)(model)
     assert "embeddings.position_embeddings.weight" not in dict(new.named_parameters())
     assert new.embeddings.position_ids.shape == (1, 32)
     ids = torch.randint(0, 20, (2, 24))

@@ -7,7 +7,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms import BlurConv2d, BlurMaxPool2d, BlurPool, apply_blurpool
+from sbfunc.algorithms import BlurConv2d, BlurMaxPool2d, BlurPool
 from sbfunc.testing import events
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
@@ -78,10 +78,10 @@ def _net():
     )
 
 
-def test_apply_blurpool_replaces_strided_layers_and_keeps_everything_else():
+def test_the_surgery_replaces_strided_layers_and_keeps_everything_else():
     net = _net()
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    out = apply_blurpool(net, min_channels=16)
+    out = BlurPool(min_channels=16)(net)
     kinds = [type(m).__name__ for m in out]
     assert kinds == ["Conv2d", "ReLU", "BlurMaxPool2d", "Sequential", "MaxPool2d", "Flatten"]
     assert [type(m).__name__ for m in out[3]] == ["BlurConv2d", "Conv2d"]
@@ -93,7 +93,7 @@ def test_apply_blurpool_replaces_strided_layers_and_keeps_everything_else():
     assert all(torch.equal(renamed[k], v) for k, v in net.named_parameters())
     x = torch.rand(2, 3, 32, 32)
     assert out(x).shape == net(x).shape
-    twice = apply_blurpool(out, min_channels=16)  # idempotent
+    twice = BlurPool(min_channels=16)(out)  # idempotent
     assert [type(m).__name__ for m in twice[3]] == ["BlurConv2d", "Conv2d"]
     assert isinstance(twice[3][0].conv, nn.Conv2d)
 
@@ -101,14 +101,14 @@ def test_apply_blurpool_replaces_strided_layers_and_keeps_everything_else():
 def test_blurpool_preserves_the_function_where_it_replaces_nothing():
     net = _net()
     x = torch.rand(2, 3, 32, 32)
-    same = apply_blurpool(net, replace_maxpools=False, min_channels=17)
+    same = BlurPool(replace_maxpools=False, min_channels=17)(net)
     torch.testing.assert_close(same(x), net(x), atol=0, rtol=0)
-    stem_only = apply_blurpool(net[0], min_channels=3)  # the module itself is replaced
+    stem_only = BlurPool(min_channels=3)(net[0])  # the module itself is replaced
     assert isinstance(stem_only, BlurConv2d)
 
 
 def test_blurpooled_model_trains_in_a_step():
-    model = nn.Sequential(apply_blurpool(_net(), min_channels=3), nn.LazyLinear(3))
+    model = nn.Sequential(BlurPool(min_channels=3)(_net()), nn.LazyLinear(3))
     model(torch.rand(1, 3, 32, 32))  # materialise the lazy layer
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1), [BlurPool()])
@@ -125,9 +125,9 @@ def test_blurpool_algorithm_matches_no_event(event):
     assert BlurPool().match(event, sbfunc.Context(sbrandom.key(0))) is False
 
 
-def test_blurpool_algorithm_surgery_uses_its_settings():
+def test_blurpool_surgery_uses_its_settings():
     bp = BlurPool(replace_convs=False, blur_first=False, min_channels=0)
-    out = bp.surgery(_net())
+    out = bp(_net())
     assert type(out[3][0]) is nn.Conv2d and type(out[2]) is BlurMaxPool2d
     state = sbfunc.Context(sbrandom.key(0))
     assert bp.apply(sbfunc.Event.INIT, state) is state
@@ -136,9 +136,9 @@ def test_blurpool_algorithm_surgery_uses_its_settings():
 @pytest.mark.parametrize(
     ("call", "exc", "msg"),
     [
-        (lambda: apply_blurpool("net"), TypeError, "torch.nn.Module"),
-        (lambda: apply_blurpool(_net(), blur_first=1), TypeError, "blur_first"),
-        (lambda: apply_blurpool(_net(), min_channels=-1), ValueError, "min_channels"),
+        (lambda: BlurPool()("net"), TypeError, "torch.nn.Module"),
+        (lambda: BlurPool(blur_first=1), TypeError, "blur_first"),
+        (lambda: BlurPool(min_channels=-1), ValueError, "min_channels"),
         (lambda: BlurPool(replace_convs="yes"), TypeError, "replace_convs"),
         (lambda: BlurConv2d(nn.Conv2d(2, 2, 3, stride=(2, 1))), ValueError, "square stride"),
         (

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms import GhostBatchNorm, GhostBatchNorm2d, apply_ghost_batchnorm
+from sbfunc.algorithms import GhostBatchNorm, GhostBatchNorm2d
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
@@ -24,7 +24,7 @@ def _bn(kind=nn.BatchNorm1d, c=3, momentum=0.1):
 @given(st.integers(2, 14), st.integers(2, 6), st.integers(0, 2**31 - 1))
 def test_each_ghost_batch_is_normalised_on_its_own(n, size, seed):
     bn = _bn()
-    ghost = apply_ghost_batchnorm(bn, size)
+    ghost = GhostBatchNorm(size)(bn)
     x = torch.randn(n, 3, generator=torch.Generator().manual_seed(seed)) * 3 + 1
     out = ghost(x)
     parts = x.tensor_split(max(1, n // size))
@@ -47,7 +47,7 @@ def test_each_ghost_batch_is_normalised_on_its_own(n, size, seed):
 def test_one_ghost_batch_is_plain_batchnorm(n, extra, seed):
     """Zero strength: a ghost batch as large as the batch changes nothing (train and eval)."""
     bn = _bn(nn.BatchNorm2d)
-    ghost = apply_ghost_batchnorm(bn, n + extra)
+    ghost = GhostBatchNorm(n + extra)(bn)
     x = torch.randn(n, 3, 2, 2, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(ghost(x), bn(x))
     assert all(torch.equal(a, b) for a, b in zip(ghost.buffers(), bn.buffers(), strict=True))
@@ -69,7 +69,7 @@ def test_surgery_keeps_names_and_never_changes_its_input():
 
 def test_momentum_none_is_a_cumulative_average_per_chunk():
     bn = _bn(momentum=None)
-    ghost = apply_ghost_batchnorm(bn, 2)
+    ghost = GhostBatchNorm(2)(bn)
     x = torch.randn(5, 3)
     ghost(x)
     expected = (x[:3].mean(0) + x[3:].mean(0)) / 2
@@ -79,7 +79,7 @@ def test_momentum_none_is_a_cumulative_average_per_chunk():
 def test_trains_in_a_step_and_with_fewer_kept_rows_than_a_ghost_batch():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
-    model = apply_ghost_batchnorm(net, 4)
+    model = GhostBatchNorm(4)(net)
     train = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     score = sbfunc.per_sample_loss(model, F.cross_entropy)
     sb = sbfunc.SelectiveBackprop(
@@ -104,4 +104,4 @@ def test_trains_in_a_step_and_with_fewer_kept_rows_than_a_ghost_batch():
 )
 def test_errors(args, exc, msg):
     with pytest.raises(exc, match=msg):
-        apply_ghost_batchnorm(*args)
+        GhostBatchNorm(args[1])(args[0])

@@ -114,7 +114,7 @@ CASES = {
     ),
     "AugMix": Case("image", algorithms=lambda m, loss: [A.AugMix(severity=3, depth=1, width=2)]),
     "BlurPool": Case(
-        "image", A.BlurPool(min_channels=3).surgery, lambda m, loss: [A.BlurPool(min_channels=3)]
+        "image", A.BlurPool(min_channels=3), lambda m, loss: [A.BlurPool(min_channels=3)]
     ),
     "ChannelsLast": Case("image", algorithms=lambda m, loss: [A.ChannelsLast()]),
     "ColOut": Case("image", algorithms=lambda m, loss: [A.ColOut(p_row=0.25, p_col=0.25)]),

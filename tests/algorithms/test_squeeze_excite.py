@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import sbfunc
-from sbfunc.algorithms import SqueezeExcite, SqueezeExciteConv2d, apply_squeeze_excite
+from sbfunc.algorithms import SqueezeExcite, SqueezeExciteConv2d
 
 common = settings(max_examples=20, deadline=None, derandomize=True, database=None)
 
@@ -27,9 +27,9 @@ def test_blocks_follow_wide_convolutions_and_gate_channels(min_channels, latent,
     wide = [min(m.in_channels, m.out_channels) >= min_channels for m in net[:2]]
     if not any(wide):
         with pytest.raises(ValueError, match="would change nothing"):
-            apply_squeeze_excite(net, latent, min_channels)
+            SqueezeExcite(latent, min_channels)(net)
         return
-    new = apply_squeeze_excite(net, latent, min_channels)
+    new = SqueezeExcite(latent, min_channels)(net)
     x = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(seed))
     h = x
     for old, m, is_wide in zip(net[:2], new[:2], wide, strict=True):

@@ -7,7 +7,7 @@ from torch import nn
 
 import sbfunc
 from sbfunc import random as sbrandom
-from sbfunc.algorithms import StochasticBranch, StochasticDepth, apply_stochastic_depth
+from sbfunc.algorithms import StochasticBranch, StochasticDepth
 
 common = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 
@@ -34,7 +34,7 @@ def _is_branch(name, m):
 @given(st.sampled_from(["block", "sample"]), st.integers(0, 2**31 - 1), st.integers(0, 1000))
 def test_drops_are_whole_rows_or_blocks_and_a_function_of_the_key(method, seed, k):
     net = _net(depth=1)
-    new = apply_stochastic_depth(net, _is_branch, method, drop_rate=0.5)
+    new = StochasticDepth(_is_branch, method, drop_rate=0.5)(net)
     x = torch.randn(8, 4, generator=torch.Generator().manual_seed(seed))
     with sbrandom.keyed(sbrandom.key(k)):
         out = new[0](x)
@@ -56,7 +56,7 @@ def test_drops_are_whole_rows_or_blocks_and_a_function_of_the_key(method, seed, 
 )
 def test_zero_rate_preserves_the_function(method, distribution, seed):
     net = _net()
-    new = apply_stochastic_depth(net, _is_branch, method, 0.0, distribution)
+    new = StochasticDepth(_is_branch, method, 0.0, distribution)(net)
     x = torch.randn(5, 4, generator=torch.Generator().manual_seed(seed))
     with sbrandom.keyed(sbrandom.key(seed)):
         assert torch.equal(new(x), net(x))
@@ -66,12 +66,12 @@ def test_zero_rate_preserves_the_function(method, distribution, seed):
 
 def test_eval_scales_the_branch_and_rates_follow_the_distribution():
     net = _net(depth=4)
-    new = apply_stochastic_depth(net, _is_branch, "sample", 0.8, "linear")
+    new = StochasticDepth(_is_branch, "sample", 0.8, "linear")(net)
     rates = [
         float(m.stochastic_depth_rate) for m in new.modules() if isinstance(m, StochasticBranch)
     ]
     assert rates == pytest.approx([0.2, 0.4, 0.6, 0.8])
-    uniform = apply_stochastic_depth(net, _is_branch, "block", 0.3, "uniform")
+    uniform = StochasticDepth(_is_branch, "block", 0.3, "uniform")(net)
     assert all(float(b.branch.stochastic_depth_rate) == pytest.approx(0.3) for b in uniform[:4])
     new.eval()
     x = torch.randn(3, 4)
@@ -128,7 +128,7 @@ def test_errors():
     with pytest.raises(ValueError, match="drop_rate"):
         StochasticDepth(_is_branch, drop_rate=1.5)
     with pytest.raises(ValueError, match="matches no module"):
-        apply_stochastic_depth(_net(), ["nope"])
+        StochasticDepth(["nope"])(_net())
     sd = StochasticDepth(_is_branch, drop_warmup=0.5)
     state = sbfunc.Context(sbrandom.key(0), buffers={}, time=sbfunc.Time())
     with pytest.raises(RuntimeError, match="apply the surgery first"):

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -54,3 +56,92 @@ def test_matching_modules_order_and_selector_forms():
 def test_selector_errors(bad):
     with pytest.raises(TypeError, match="target"):
         selector(bad)
+
+
+# One spelling of a surgery (issue 42, item 1): a `Surgery`, built from its settings and called.
+SURGERIES = {
+    "Alibi",
+    "BlurPool",
+    "ChannelsLast",
+    "GhostBatchNorm",
+    "SqueezeExcite",
+    "StochasticDepth",
+}
+
+
+def _public_classes():
+    import sbfunc.algorithms as A
+
+    return {n: getattr(A, n) for n in A.__all__ if isinstance(getattr(A, n), type)}
+
+
+def test_every_surgery_is_a_surgery_called_on_the_model():
+    """The classes that change a model are exactly the `Surgery` subclasses, each called on
+    the model; no public name spells a surgery another way (an `apply_*` function, a
+    `.surgery()` method of its own)."""
+    import sbfunc.algorithms as A
+
+    classes = _public_classes()
+    surgeries = {n for n, c in classes.items() if issubclass(c, A.Surgery) and c is not A.Surgery}
+    assert surgeries == SURGERIES
+    assert [n for n in A.__all__ if n.startswith("apply_")] == []
+    for name, cls in classes.items():
+        assert getattr(cls, "surgery", A.Surgery.surgery) is A.Surgery.surgery, name
+        if name in SURGERIES:
+            assert "__call__" not in getattr(cls, "__abstractmethods__", ()), name
+
+
+def _models():
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.BatchNorm2d(8), nn.MaxPool2d(2))
+    return {
+        "apply_alibi": (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), (32,), {}),
+        "apply_blurpool": (conv, (), {"min_channels": 3}),
+        "apply_channels_last": (conv, (), {}),
+        "apply_ghost_batchnorm": (conv, (2,), {}),
+        "apply_squeeze_excite": (conv, (0.5, 3), {}),
+        "apply_stochastic_depth": (conv, (nn.BatchNorm2d, "sample", 0.4), {"scale": 0.5}),
+    }
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return (
+        [type(m) for m in a.modules()] == [type(m) for m in b.modules()]
+        and all(torch.equal(sa[k], sb[k]) for k in sa)
+        and sa.keys() == sb.keys()
+    )
+
+
+@pytest.mark.parametrize("name", sorted(_models()))
+def test_the_1_1_functions_warn_naming_the_call_and_do_what_they_did(name):
+    import sbfunc.algorithms as A
+    from sbfunc.algorithms._deprecated import SPELLINGS
+
+    model, args, kwargs = _models()[name]
+    with pytest.warns(
+        DeprecationWarning, match=re.escape(f"write sbfunc.algorithms.{SPELLINGS[name]}")
+    ):
+        old = getattr(A, name)
+    torch.manual_seed(1)
+    out = old(model, *args, **kwargs)
+    cls = getattr(A, SPELLINGS[name].partition("(")[0])
+    torch.manual_seed(1)
+    new = cls(*args, **({} if name == "apply_stochastic_depth" else kwargs))(model)
+    if name == "apply_stochastic_depth":  # 1.1's scale: every branch's warm-up factor
+        assert {
+            float(m.stochastic_depth_scale) for m in out.modules() if hasattr(m, "method")
+        } == {0.5}
+        assert [float(m.stochastic_depth_rate) for m in out.modules() if hasattr(m, "method")] == [
+            float(m.stochastic_depth_rate) for m in new.modules() if hasattr(m, "method")
+        ]
+    else:
+        assert _same(out, new)
+
+
+def test_the_1_1_surgery_method_warns_and_calls_the_surgery():
+    import sbfunc.algorithms as A
+
+    with pytest.warns(DeprecationWarning, match=re.escape("write ChannelsLast(...)(model)")):
+        out = A.ChannelsLast().surgery(nn.Conv2d(3, 4, 3))
+    assert out.weight.is_contiguous(memory_format=torch.channels_last)

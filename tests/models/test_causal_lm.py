@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import random as sbrandom
-from sbfunc.algorithms import AlibiMultiheadAttention, ZeroEmbedding, apply_alibi
+from sbfunc.algorithms import Alibi, AlibiMultiheadAttention, ZeroEmbedding
 from sbfunc.models import CausalLM
 
 SETTINGS = settings(max_examples=15, derandomize=True, database=None, deadline=None)
@@ -122,7 +122,7 @@ def test_functional_call_matches_the_module_and_differentiates():
 
 def test_alibi_surgery_replaces_attention_and_positions():
     model = tiny()
-    alibi = apply_alibi(model, 64)
+    alibi = Alibi(64)(model)
     assert isinstance(alibi.wpe, ZeroEmbedding)
     assert all(isinstance(b.attn, AlibiMultiheadAttention) for b in alibi.blocks)
     ids, mask = ids_and_mask(0, length=40)  # longer than max_len = 24: extrapolation
@@ -141,7 +141,7 @@ def test_without_position_embeddings():
     assert model.wpe is None and "wpe.weight" not in dict(model.named_parameters())
     ids, mask = ids_and_mask(0, length=30)  # no table: any length
     assert model(ids, mask).shape == (3, 30, 257)
-    assert isinstance(apply_alibi(model, 64).blocks[0].attn, AlibiMultiheadAttention)
+    assert isinstance(Alibi(64)(model).blocks[0].attn, AlibiMultiheadAttention)
 
 
 @pytest.mark.parametrize(

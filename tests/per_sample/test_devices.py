@@ -57,7 +57,7 @@ TRANSFORMS = {  # name -> (loss_fn, key) -> f(params, buffers, batch, **subsampl
     "ggn_vector_product": _gvp,
 }
 CURVATURE = {n for n in TRANSFORMS if "ggn" in n}  # the loss's Hessian enters
-TYPES = {"GGNEigen", "KeyedTransform", "PerSampleTransform", "SquaredNorms"}
+TYPES = {"GGNEigen", "PerSampleTransform", "SquaredNorms"}
 WARNINGS = {"VmapFallbackWarning"}
 
 

@@ -24,7 +24,7 @@ SYNCS_AT = {
     "grad_norm_always": ("policies/_importance.py", "rule"),
 }
 # inside Selective Backprop, loss reuse scores a data-dependent subset of rows
-REUSE_SYNCS_AT = ("selective_backprop/_apply.py", "score_needed")
+REUSE_SYNCS_AT = ("selective_backprop/_apply.py", "needed_scores")
 
 
 def _select_twice(name):

@@ -10,11 +10,7 @@ from sbfunc import random as sbrandom
 from sbfunc.distributed import local_selection
 from sbfunc.policies import infobatch, jiang_cdf, stale_sb
 from sbfunc.selective_backprop import apply_policy
-from sbfunc.selective_backprop._apply import (
-    nothing_unscorable,
-    score_needed,
-    unscorable_dropped,
-)
+from sbfunc.selective_backprop._apply import score_needed, unscorable_dropped
 
 
 def test_apply_policy_reads_ids_from_the_batch_and_prunes_every_leaf():
@@ -121,24 +117,3 @@ def test_a_policy_written_for_1_0_takes_no_signals_argument():
     wrapped = local_selection(policy)
     sel, _ = wrapped.select(torch.tensor([0.0, 2.0, 1.0]), (), key=sbfunc.random.key(0))
     assert sel.indices.tolist() == [1]
-
-
-BAD = [0.0, math.nan, math.inf, -math.inf]
-
-
-@settings(max_examples=40, derandomize=True, database=None, deadline=None)
-@given(
-    scores=st.lists(st.sampled_from([1.0, 2.0, *BAD]), min_size=1, max_size=8),
-    inputs=st.lists(st.sampled_from([1.0, *BAD]), min_size=8, max_size=8),
-    structure=st.sampled_from(["tuple", "dict", "nested"]),
-)
-def test_nothing_unscorable_only_when_the_exact_count_is_zero(scores, inputs, structure):
-    n = len(scores)
-    s, x = torch.tensor(scores), torch.tensor(inputs[:n]).reshape(n, 1)
-    y = torch.arange(n)
-    batch = {"tuple": (x, y), "dict": {"x": x, "y": y}, "nested": ((x,), y)}[structure]
-    finite = torch.isfinite(x).all(1)
-    fast = nothing_unscorable(s, batch)
-    exact = unscorable_dropped(s, None, torch.zeros(0, dtype=torch.int64), finite=finite)
-    assert fast == (structure != "nested" and int(exact) == 0)  # nested: the exact count
-    assert not nothing_unscorable(s, batch, per_sample=True)  # a spec: the exact count

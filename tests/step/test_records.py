@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sbfunc
-from sbfunc.engine import Clock
+from sbfunc.engine.internal import Clock
 
 counts = st.integers(min_value=0, max_value=2**62)
 
