@@ -128,7 +128,7 @@ def test_the_step_reaches_the_engine_internals_through_their_face():
     import sbfunc.engine.internal
 
     internal = set(sbfunc.engine.internal.__all__)
-    assert internal == set(ENGINE_INTERNALS)
+    assert internal == {*ENGINE_INTERNALS, "Clock"}  # Clock: the step's own until 1.2
     assert not internal & set(sbfunc.engine.__all__)
     for path in sorted((ROOT / "sbfunc").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc._finite import keep_if_finite
-from sbfunc._tracing import host_flag
+from sbfunc._tracing import host_flag, replace_by_constructor
 from sbfunc.optim._base import (
     HIDDEN_UNSET,
     GradientTransformation,
@@ -31,6 +31,7 @@ from sbfunc.validation import check_bool, check_callable, check_int
 __all__ = ["ItemsState", "MultiStepsState", "multi_steps", "takes_items"]
 
 
+@replace_by_constructor  # its copies survive a compiled frame on torch 2.11
 class MultiStepsState(NamedTuple):
     """The state of :func:`multi_steps`.
 

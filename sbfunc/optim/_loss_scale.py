@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from sbfunc._finite import all_finite
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.optim._base import GradientTransformation, TransformRecord, by_group, zero_count
 from sbfunc.optim._finite import update_if
 from sbfunc.types import Params
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 
+@replace_by_constructor  # its copies survive a compiled frame on torch 2.11
 class LossScaleState(NamedTuple):
     """The state of :func:`dynamic_loss_scale` (checkpointable: tensors and the inner state).
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.optim._base import (
     EmptyState,
     GradientTransformation,
@@ -45,6 +46,7 @@ HParam = float | Callable[[Any], torch.Tensor]
 """A hyperparameter: a float, or a schedule of the step count (:mod:`sbfunc.optim`)."""
 
 
+@replace_by_constructor  # its copies survive a compiled frame on torch 2.11
 class ScaleByScheduleState(NamedTuple):
     """The step count of a transformation with a scheduled hyperparameter.
 

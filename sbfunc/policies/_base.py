@@ -11,6 +11,7 @@ import torch
 
 from sbfunc import random as sbrandom
 from sbfunc import validation
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.policies._placement import follow, following
 from sbfunc.score import Signals, check_needs, check_signals
 from sbfunc.select import Selection
@@ -276,6 +277,7 @@ def bernoulli_selection(
     return Selection(kept, horvitz_thompson(torch.where(inclusion > 0, inclusion, 1.0), kept))
 
 
+@replace_by_constructor  # its copies survive a compiled frame on torch 2.11
 class SelectArgs(NamedTuple):
     """The keyword arguments of ``Policy.select``, handed to a rule by :func:`make_policy`.
 

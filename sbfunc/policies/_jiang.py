@@ -7,6 +7,7 @@ from typing import NamedTuple
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.policies._base import Policy, SelectArgs, bernoulli_selection, check_ids, make_policy
 from sbfunc.policies._tables import (
     LossHistory,
@@ -26,6 +27,7 @@ from sbfunc.validation import check_fraction, check_int, check_real
 __all__ = ["StaleState", "jiang_cdf", "stale_sb"]
 
 
+@replace_by_constructor  # its copies survive a compiled frame on torch 2.11
 class StaleState(NamedTuple):
     """The state of :func:`stale_sb`.
 

@@ -3,14 +3,19 @@ every token, and only the kept tokens' loss is backpropagated."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
+import operator
 from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 
 from sbfunc import random as sbrandom
+from sbfunc._tracing import host_readable
 from sbfunc.engine import Algorithm, Context, Event
-from sbfunc.select import ranks
+from sbfunc.select import ascending_order
 from sbfunc.selective_backprop._reference import Reference, ReferenceState
 from sbfunc.selective_backprop._window import check_window
 from sbfunc.validation import check_choice, check_fraction
@@ -41,12 +46,33 @@ def kept_tokens(
                 [False, False,  True]])
     """
     flat = torch.where(real, scores, scores.new_full((), -torch.inf)).reshape(-1)
-    rank = ranks(flat, key=key)  # 0 for the lowest
+    order = _distinct_order(flat)  # eagerly on the CPU, when no two real scores tie
+    if order is None:  # ties broken by the key (packed with the scores: one sort)
+        order = ascending_order(flat, sbrandom.bits(key, flat.shape, device=flat.device))
+    rank = torch.empty_like(order)  # 0 for the lowest
+    rank[order] = torch.arange(flat.shape[0], device=flat.device)
     n = real.sum()
     # in float64, as Python's floor(keep * n) of the row selections (float32 rounds up)
     k = torch.clamp(torch.floor(n.to(torch.float64) * keep), min=1).to(rank.dtype)
     from_top = flat.shape[0] - 1 - rank
     return ((from_top < k) & real.reshape(-1)).reshape(real.shape)
+
+
+def _distinct_order(flat: torch.Tensor) -> torch.Tensor | None:
+    """The ascending order of ``flat`` when no two real scores tie, read on the host where
+    that is free (eager, on the CPU): the ``-inf`` of the tokens that are not real may tie
+    among themselves (they rank lowest, never kept), the rest must be finite and strictly
+    increasing. The key's noise could not change such an order's kept tokens, so none is
+    drawn (as :func:`sbfunc.select.distinct_order` does for rows); ``None`` otherwise."""
+    if not (flat.dtype.is_floating_point and host_readable(flat)):
+        return None
+    values, order = torch.topk(flat, flat.shape[0], largest=False)  # ascending
+    v = values.tolist()
+    start = bisect.bisect_right(v, -math.inf)  # past the tokens that are not real
+    real = v[start:]
+    if real and not (math.isfinite(real[0]) and math.isfinite(real[-1])):
+        return None
+    return order if all(map(operator.lt, real, itertools.islice(real, 1, None))) else None
 
 
 class TokenSelection(Algorithm):

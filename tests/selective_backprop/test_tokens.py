@@ -190,3 +190,20 @@ def test_token_selection_reads_nothing_on_the_host():
     rows = {k: v.to(META) for k, v in _rows().items()}
     new, metrics = step(state, rows)
     assert all_meta(new.params) and metrics.loss.device == META
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(case=token_scores(), seed=st.integers(0, 99))
+def test_the_eager_path_without_noise_keeps_what_the_noise_would(case, seed):
+    """Eagerly on the CPU, distinct real scores are ordered without drawing the tie noise (the
+    tokens that are not real tie at -inf, lowest, never kept): the kept tokens are the noise
+    path's, bit for bit."""
+    scores, real, keep = case
+    key = sbfunc.random.key(seed)
+    flat = torch.where(real, scores, -torch.inf).reshape(-1)
+    order = sbfunc.select.ascending_order(flat, sbfunc.random.bits(key, flat.shape))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(flat.shape[0])
+    k = max(1, int(int(real.sum()) * keep))
+    noisy = ((flat.shape[0] - 1 - rank < k) & real.reshape(-1)).reshape(real.shape)
+    assert torch.equal(kept_tokens(scores, real, keep, key), noisy)
