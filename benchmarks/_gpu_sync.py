@@ -84,14 +84,17 @@ def rules(cfg: Config) -> list[Rule]:
 
 
 def site(e: BaseException) -> str:
-    """The innermost frame of ``e``'s traceback outside torch: ``path:line (function)``."""
+    """Where ``e`` was called from, ``path:line (function)``: the innermost frame of its
+    traceback in this repository (sbfunc's code), else the innermost outside torch."""
     torch_dir = Path(torch.__file__).resolve().parent
-    for frame in reversed(traceback.extract_tb(e.__traceback__)):
-        path = Path(frame.filename).resolve()
-        if not path.is_relative_to(torch_dir):
-            shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
-            return f"`{shown}:{frame.lineno}` (`{frame.name}`)"
-    return "inside torch"
+    frames = [(Path(f.filename).resolve(), f) for f in traceback.extract_tb(e.__traceback__)]
+    outside = [(path, f) for path, f in frames if not path.is_relative_to(torch_dir)]
+    ours = [(path, f) for path, f in outside if path.is_relative_to(ROOT)]
+    if not outside:
+        return "inside torch"
+    path, frame = (ours or outside)[-1]
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    return f"`{shown}:{frame.lineno}` (`{frame.name}`)"
 
 
 def _sync_error(e: BaseException | None) -> BaseException | None:
