@@ -3,12 +3,13 @@
 Each builder returns ``advance(batch)``, which runs one training step on its own state (built
 by the builder) and keeps the new state; the model must already be on ``device``:
 
-* :func:`loop_runner`: the ``torch.optim`` loop a user would write;
+* :func:`loop_runner`: the ``torch.optim`` loop a user would write, and
+  :func:`loop_sb_runner`: that loop with Selective Backprop written by hand around it;
 * :func:`hand_runner`: a hand-written pure step (``functional_call`` +
   ``torch.func.grad_and_value`` + Adam in tensor ops), eager or ``torch.compile``\\ d, with
   Selective Backprop's work done by hand (the reference limit);
 * :func:`sbfunc_runner`: ``sbfunc.make_train_step`` with :func:`sbfunc_algorithms`, eager or
-  compiled one of several ways;
+  compiled one of several ways (:func:`compiled_advance`, for any sbfunc step);
 * :func:`score_runner`: sbfunc's no-grad scoring forward of a whole batch (for SB's ideal).
 
 ``precision``: ``"fp32"``, or ``"amp_bf16"`` (forward and loss under
@@ -72,11 +73,13 @@ def _under(fn: Callable[..., Any], device: torch.device, precision: str) -> Call
 
 
 def sbfunc_algorithms(
-    variant: str, model: nn.Module, classes: int, *, scoring_dtype: torch.dtype | None = None
-) -> list[sbfunc.Algorithm]:
+    variant: str, model: nn.Module, classes: int, *, scoring_dtype: torch.dtype | None = None,
+    **sb_options: Any,
+) -> list[sbfunc.Algorithm]:  # fmt: skip
     """The algorithms of a variant: ``plain``, ``SB`` (rank-power, sbfunc's default),
     ``SB-top-k`` (``policy=top_k``) or ``SB+3`` (SB + CutOut + MixUp + LabelSmoothing); SB
-    scores under autocast to ``scoring_dtype`` when one is given."""
+    scores under autocast to ``scoring_dtype`` when one is given; ``sb_options`` go to
+    ``SelectiveBackprop`` (``policy=`` replaces the keep, ``ids=``)."""
     if variant == "plain":
         return []
     if variant not in ("SB", "SB-top-k", "SB+3"):
@@ -86,7 +89,8 @@ def sbfunc_algorithms(
     kept: dict[str, Any] = {"keep": KEEP}
     if variant == "SB-top-k":
         kept = {"policy": sbfunc.policies.top_k(KEEP)}
-    sb = sbfunc.SelectiveBackprop(start=0.0, end=1.0, interrupt=0, scoring=scoring, **kept)
+    kept = {} if "policy" in sb_options else kept
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, interrupt=0, scoring=scoring, **kept, **sb_options)
     if variant != "SB+3":
         return [sb]
     return [sb, sbfunc.algorithms.CutOut(), sbfunc.algorithms.MixUp(num_classes=classes),
@@ -96,6 +100,7 @@ def sbfunc_algorithms(
 def sbfunc_runner(
     model: nn.Module, variant: str, classes: int, mode: str, *,
     device: torch.device = CPU, precision: str = "fp32", backend: str = "inductor",
+    key_device: torch.device | None = None, **sb_options: Any,
 ) -> Advance:  # fmt: skip
     """One sbfunc training step per call; ``mode``: ``"eager"``, ``"compiled"``
     (``torch.compile(step)``), ``"compile()"`` (``step.compile()``: the host plan around the
@@ -106,38 +111,68 @@ def sbfunc_runner(
 
     The key lives on the CPU (sbfunc's default) on a CPU and for eager steps; a compiled step
     on an accelerator gets it on the device, so its graph has no CPU tensors (CUDA graphs
-    refuse them). ``precision`` other than fp32 is passed to ``make_train_step(precision=)``
-    (a ``TypeError`` where that argument does not exist), and SB scores in bf16 too (its
-    ``Scoring(dtype=)``, as the hand step and :func:`score_runner` do). ``backend``:
-    ``torch.compile``'s."""
+    refuse them); ``key_device`` puts it elsewhere. ``precision`` other than fp32 is passed
+    to ``make_train_step(precision=)`` (a ``TypeError`` where that argument does not exist),
+    and SB scores in bf16 too (its ``Scoring(dtype=)``, as the hand step and
+    :func:`score_runner` do). ``backend``: ``torch.compile``'s. ``sb_options``: to
+    :func:`sbfunc_algorithms`."""
     if mode not in SBFUNC_MODES:
         raise ValueError(f"mode must be one of {SBFUNC_MODES}, got {mode!r}")
     loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy, mode="train")
     bf16 = check_precision(precision) != "fp32"
     algorithms = sbfunc_algorithms(
-        variant, model, classes, scoring_dtype=torch.bfloat16 if bf16 else None
+        variant, model, classes, scoring_dtype=torch.bfloat16 if bf16 else None, **sb_options
     )
     extra: dict[str, Any] = {"nonfinite": "allow" if mode == "compile()/allow" else "skip"}
     if bf16:
         extra["precision"] = precision
     step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adam(LR), algorithms, **extra)
     params, buffers = sbfunc.split_module(model, clone=True)
-    key_device = CPU if mode == "eager" else device
-    state = [step.init(params, buffers, key=sbfunc.random.key(0, device=key_device))]
-    call = torch.compile(step, backend=backend) if mode == "compiled" else step
+    key_device = key_device or (CPU if mode == "eager" else device)
+    state = step.init(params, buffers, key=sbfunc.random.key(0, device=key_device))
+    options = {"library_guards": mode == "compile()+guards"} if "compile()" in mode else {}
+    mode = "compile()" if mode.startswith("compile()") else mode
+    return compiled_advance(step, state, mode, backend, **options)
+
+
+class GraphStep:
+    """``advance(batch)`` of a step compiled with CUDA graphs (``mode="reduce-overhead"``).
+
+    Its state, the graphs' output, lives in their shared memory pool, where a later call of
+    this step or of any other CUDA-graph function overwrites it (after
+    ``torch.compiler.cudagraph_mark_step_begin``); :meth:`settle` clones it out of the pool.
+    Consecutive calls need no settling (each reads its state before the replay writes the
+    next one): ``interleaved(after=...)`` settles between blocks, outside the timing."""
+
+    def __init__(self, call: Callable[..., Any], state: Any) -> None:
+        self.call, self.state = call, state
+
+    def __call__(self, batch: Any) -> None:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step: the last state is an input
+        self.state = self.call(self.state, batch)[0]
+
+    def settle(self) -> None:
+        self.state = torch.utils._pytree.tree_map(
+            lambda t: t.clone() if isinstance(t, torch.Tensor) else t, self.state
+        )
+
+
+def compiled_advance(
+    step: sbfunc.TrainStep, state: Any, mode: str, backend: str, **options: Any
+) -> Callable[[Any], object]:
+    """``advance(batch)``: one call of ``step`` from ``state`` on, the state kept; ``mode``:
+    ``"eager"`` (as it is), ``"compiled"`` (``torch.compile(step)``), ``"compile()"``
+    (``step.compile(**options)``) or ``"compile(reduce-overhead)"`` (a :class:`GraphStep`)."""
     if mode == "compile(reduce-overhead)":
-        step.compile(backend=backend, mode="reduce-overhead")
+        step.compile(backend=backend, mode="reduce-overhead", **options)
+        return GraphStep(step, state)
+    if mode == "compile()":
+        step.compile(backend=backend, **options)
+    call = torch.compile(step, backend=backend) if mode == "compiled" else step
+    box = [state]
 
-        def advance_graphs(batch: Batch) -> None:
-            torch.compiler.cudagraph_mark_step_begin()  # the last state is an input, not kept
-            state[0] = call(state[0], batch)[0]
-
-        return advance_graphs
-    if mode.startswith("compile()"):
-        step.compile(library_guards=mode == "compile()+guards", backend=backend)
-
-    def advance(batch: Batch) -> None:
-        state[0] = call(state[0], batch)[0]
+    def advance(batch: Any) -> None:
+        box[0] = call(box[0], batch)[0]
 
     return advance
 
@@ -234,12 +269,31 @@ def _copy(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in tensors.items()}
 
 
+def _rank_power_log_w(batch: int, device: torch.device) -> torch.Tensor:
+    """Log rank-power weights of ranks ``0..batch-1`` (0 = the lowest score) at ``KEEP``."""
+    return (1.0 / KEEP - 1.0) * torch.log((torch.arange(batch, device=device) + 0.5) / batch)
+
+
+def hand_rows(
+    losses: torch.Tensor, select: str, log_w: torch.Tensor, gumbel: torch.Tensor | None
+) -> torch.Tensor:
+    """The ``KEEP`` share of the rows, sorted: the top losses (``"top-k"``, no noise), or
+    rank-power positions drawn with Gumbel-top-k (``gumbel``) in ascending-loss order and
+    mapped back to rows."""
+    k = max(1, int(KEEP * losses.shape[0]))
+    if select == "top-k" or gumbel is None:
+        rows = torch.topk(losses, k, sorted=False).indices
+    else:
+        positions = torch.topk(log_w + gumbel, k, sorted=False).indices
+        rows = torch.argsort(losses)[positions]
+    return torch.sort(rows).values
+
+
 def _hand_step(
     model: nn.Module, select: str | None, batch: int, device: torch.device, precision: str
 ) -> Callable[[HandState, torch.Tensor, torch.Tensor], tuple[HandState, torch.Tensor]]:
     """The pure step function of :func:`hand_runner`."""
-    k = max(1, int(KEEP * batch))
-    log_w = (1.0 / KEEP - 1.0) * torch.log((torch.arange(batch, device=device) + 0.5) / batch)
+    log_w = _rank_power_log_w(batch, device)
     b1, b2, eps = 0.9, 0.999, 1e-8
     grad_value_buffers, score = _hand_forward(model, device, precision)
 
@@ -247,13 +301,10 @@ def _hand_step(
         if select is not None:
             with torch.no_grad():
                 losses = score(s, x, y)
-            if select == "top-k":
-                rows = torch.topk(losses, k, sorted=False).indices
-            else:  # positions drawn in ascending-score order, then mapped back
+            g = None
+            if select == "rank-power":
                 g = sbfunc.random.gumbel(sbfunc.random.fold_in(s.key, s.steps), (batch,))
-                positions = torch.topk(log_w + g, k, sorted=False).indices
-                rows = torch.argsort(losses)[positions]
-            rows = torch.sort(rows).values
+            rows = hand_rows(losses, select, log_w, g)
             x, y = x[rows], y[rows]
         grads, value, buffers = grad_value_buffers(s, x, y)
         count = s.steps + 1
@@ -307,5 +358,33 @@ def loop_runner(
         opt.zero_grad()
         loss(*b).backward()
         opt.step()
+
+    return advance
+
+
+def loop_sb_runner(
+    model: nn.Module, select: str, batch: int, *,
+    device: torch.device = CPU, precision: str = "fp32",
+) -> Advance:  # fmt: skip
+    """Selective Backprop written by hand around :func:`loop_runner`: a no-grad scoring
+    forward in eval mode (as sbfunc scores), the rows :func:`hand_rows` keeps (its Gumbel
+    noise from torch's generator, as a user would draw it), the loop's step on them."""
+    if select not in ("rank-power", "top-k"):
+        raise ValueError(f"select must be 'rank-power' or 'top-k', got {select!r}")
+    step = loop_runner(model, device=device, precision=precision)
+    scores = _under(lambda x, y: F.cross_entropy(model(x), y, reduction="none"), device, precision)
+    log_w = _rank_power_log_w(batch, device)
+
+    def advance(b: Batch) -> None:
+        x, y = b
+        model.eval()
+        with torch.no_grad():
+            losses = scores(x, y)
+        model.train()
+        gumbel = None
+        if select == "rank-power":  # -log of Exp(1) draws
+            gumbel = torch.empty_like(log_w).exponential_().log_().neg_()
+        rows = hand_rows(losses, select, log_w, gumbel)
+        step((x[rows], y[rows]))
 
     return advance

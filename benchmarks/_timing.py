@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -32,16 +32,21 @@ def interleaved(
     *,
     warmup: int = 10,
     sync: Callable[[], Any] = _no_sync,
+    after: Mapping[str, Callable[[], Any]] | None = None,
 ) -> dict[str, list[float]]:
     """Warm every function up, then time ``inner`` calls of each in turn, ``repeats`` rounds:
     machine noise spreads over every variant. Returns seconds per call, one per round.
 
     ``sync`` runs before each timed block starts and before it ends (on CUDA,
     ``torch.cuda.synchronize``: a block times the work it launched, not its launches); only
-    here, never inside the functions timed."""
-    for fn in fns.values():
+    here, never inside the functions timed. ``after[k]``, where given, runs after each of
+    ``k``'s warm-ups and timed blocks, outside the timing (a CUDA-graph step moves its state
+    out of the graphs' shared memory pool there, before another function's graphs reuse it)."""
+    settle = dict(after or {})
+    for k, fn in fns.items():
         for _ in range(warmup):
             fn()
+        settle.get(k, _no_sync)()
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
@@ -51,6 +56,7 @@ def interleaved(
                 fn()
             sync()
             times[k].append((time.perf_counter() - t0) / inner)
+            settle.get(k, _no_sync)()
     return times
 
 

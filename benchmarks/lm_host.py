@@ -41,9 +41,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sbfunc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _lm_runs import lm_loss
+from _steps import autocast, compiled_advance
 from _timing import interleaved, paired, quartiles
 
 LENGTH, BATCH, WIDTH, VOCAB = 32, 8, 32, 257
+LR, KEEP = 1e-3, 0.6
 
 
 def batch() -> dict[str, torch.Tensor]:
@@ -57,45 +60,81 @@ def model(layers: int) -> sbfunc.models.CausalLM:
     )
 
 
-def torch_loop(layers: int) -> Callable[[], Any]:
-    """The hand-written loop: torch.optim.AdamW and Hugging Face's loss."""
-    net, b = model(layers), batch()
+def fused_adamw(params: Any) -> torch.optim.AdamW:
+    """``torch.optim.AdamW``, fused where the build has the kernel for the parameters'
+    device, else ``foreach``."""
+    params = list(params)
     try:
-        opt = torch.optim.AdamW(net.parameters(), 1e-3, fused=True)
-    except RuntimeError:  # a build without the fused CPU kernel
-        opt = torch.optim.AdamW(net.parameters(), 1e-3, foreach=True)
+        return torch.optim.AdamW(params, LR, fused=True)
+    except RuntimeError:  # a build without the fused kernel
+        return torch.optim.AdamW(params, LR, foreach=True)
+
+
+def hf_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's causal LM loss: next-token cross-entropy, labels -100 ignored."""
+    return F.cross_entropy(
+        logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100
+    )
+
+
+def loop_step(
+    net: torch.nn.Module, b: dict[str, torch.Tensor], *, precision: str = "fp32",
+    backend: str | None = None,
+) -> Callable[[], Any]:  # fmt: skip
+    """The hand-written loop's step on ``b``: :func:`fused_adamw` and :func:`hf_loss`, the
+    forward and loss under bf16 autocast for ``precision="amp_bf16"``; ``backend``: the
+    forward and loss ``torch.compile``\\ d with it (nanoGPT's recipe), else eager."""
+    opt = fused_adamw(net.parameters())
+    device = b["input_ids"].device
+
+    def forward_loss(ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast(device, precision):
+            return hf_loss(net(ids, mask), labels)
+
+    loss = forward_loss if backend is None else torch.compile(forward_loss, backend=backend)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        logits = net(b["input_ids"], b["attention_mask"])
-        loss = F.cross_entropy(
-            logits[:, :-1].reshape(-1, VOCAB), b["labels"][:, 1:].reshape(-1), ignore_index=-100
-        )
-        loss.backward()
+        loss(b["input_ids"], b["attention_mask"], b["labels"]).backward()
         opt.step()
 
     return step
 
 
+def torch_loop(layers: int) -> Callable[[], Any]:
+    """The hand-written loop: torch.optim.AdamW and Hugging Face's loss."""
+    return loop_step(model(layers), batch())
+
+
+def train_step(
+    net: torch.nn.Module, algorithms: list[Any], *, precision: str = "fp32"
+) -> sbfunc.TrainStep:
+    """sbfunc's step of ``net``: ``next_token_cross_entropy`` and ``adamw``."""
+    extra = {} if precision == "fp32" else {"precision": precision}
+    return sbfunc.make_train_step(lm_loss(net), sbfunc.optim.adamw(LR), algorithms, **extra)
+
+
+def init_state(step: sbfunc.TrainStep, net: torch.nn.Module, key: sbfunc.random.Key) -> Any:
+    return step.init(*sbfunc.split_module(net, clone=True), key=key, total_steps=10**9)
+
+
 def sbfunc_step(layers: int, algorithms: list[Any]) -> Callable[[], Any]:
     """sbfunc's eager step on the same model and batch."""
     net, b = model(layers), batch()
-    loss_fn = sbfunc.per_sample_loss(
-        net, sbfunc.module.next_token_cross_entropy, input=("input_ids", "attention_mask"),
-        target="labels",
-    )  # fmt: skip
-    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adamw(1e-3), algorithms)
-    box = [step.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(1),
-                     total_steps=10**9)]  # fmt: skip
-
-    def run() -> None:
-        box[0], _ = step(box[0], b)
-
-    return run
+    step = train_step(net, algorithms)
+    advance = compiled_advance(step, init_state(step, net, sbfunc.random.key(1)), "eager", "")
+    return lambda: advance(b)
 
 
 def tokens() -> list[Any]:
-    return [sbfunc.selective_backprop.TokenSelection(0.6, score="uniform")]
+    return [sbfunc.selective_backprop.TokenSelection(KEEP, score="uniform")]
+
+
+def excess(reference: torch.nn.Module) -> list[Any]:
+    """``TokenSelection`` by excess loss over ``reference`` (RHO-LOSS per token)."""
+    S = sbfunc.selective_backprop
+    ref = S.reference_model(lm_loss(reference), *sbfunc.split_module(reference))
+    return [S.TokenSelection(KEEP, reference=ref, score="excess")]
 
 
 class _Ops(TorchDispatchMode):
