@@ -1,7 +1,8 @@
 """Microbatching (gradient accumulation) inside the training step, after sample selection.
 
-With ``make_train_step(..., microbatches=k)`` or ``microbatch_size=m`` the step still fires
-``AFTER_DATALOADER`` ... ``BEFORE_FORWARD`` once, on the whole batch, so Selective Backprop
+With ``make_train_step(..., microbatching=Microbatching(chunks=k))`` (or ``size=m``) the
+step fires ``AFTER_DATALOADER`` ... ``BEFORE_FORWARD`` once, on the whole batch, so Selective
+Backprop
 selects from every row first; only then are the **kept** rows split into contiguous chunks
 (the issue with Composer, whose microbatches are cut from the loader's batch size, is that a
 batch shrunk by selection under-fills them). Each chunk runs the forward, ``AFTER_FORWARD``,
@@ -11,7 +12,10 @@ its share of the rows, so the sum equals the gradient of the whole batch's weigh
 exactly (``sum_i w_i * loss_i / N``; equal up to float rounding). ``AFTER_BACKWARD`` and
 everything after it fire once, on the whole kept batch, with the accumulated gradient, the
 whole batch's loss, the per-sample losses of every chunk concatenated, and the model outputs
-concatenated when they are plain tensors (``None`` for structured outputs).
+concatenated when they are plain tensors (``None`` for structured outputs). The one exception
+is a token selection (``Algorithm.selects_tokens``): it ranks the whole batch's real tokens
+once, from a forward of every chunk without gradients, and each chunk then trains on its kept
+tokens (:func:`select_whole_batch`), so the update never depends on the split.
 
 BatchNorm layers see each chunk as a batch: their statistics are the chunk's, and their
 running statistics are updated chunk by chunk (as in any gradient-accumulation loop), so a
