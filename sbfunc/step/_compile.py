@@ -74,6 +74,14 @@ def drop_library_globals(entries: Sequence[Any]) -> list[bool]:
     return [not (e.is_global and library_global(e.name)) for e in entries]
 
 
+_DYNAMIC = (
+    "step.compile(dynamic=True) is not supported: it makes every number dynamic, the step's "
+    "hyperparameters (keep fractions, scale factors) included, and sbfunc compiles those as "
+    "constants of the step. Leave dynamic unset (a batch of a new size recompiles once with "
+    "a dynamic batch dimension: torch's automatic dynamic shapes) or pass dynamic=False"
+)
+
+
 def compile_options(options: dict[str, Any], *, library_guards: bool) -> dict[str, Any]:
     """``torch.compile`` keyword arguments with :func:`drop_library_globals` as the
     ``guard_filter_fn`` (unless ``library_guards`` or the caller set one).
@@ -91,6 +99,8 @@ def compile_options(options: dict[str, Any], *, library_guards: bool) -> dict[st
     """
     if not isinstance(library_guards, bool):
         raise TypeError(f"library_guards must be True or False, got {library_guards!r}")
+    if options.get("dynamic") is True:
+        raise ValueError(_DYNAMIC)
     opts = dict(options)
     if library_guards:
         return opts

@@ -14,6 +14,7 @@ walk-through, with the non-finite policy and how it compiles: ``docs/concepts/st
 
 from __future__ import annotations
 
+import itertools
 import types
 import zlib
 from collections.abc import Callable, Sequence
@@ -74,8 +75,11 @@ _MODEL_STREAM = zlib.crc32(b"sbfunc.model") | (1 << 40)  # never an algorithm's 
 _BEFORE_FORWARD = BATCH_EVENTS[:4]  # AFTER_DATALOADER ... BEFORE_FORWARD
 _LOSS_EVENTS = (Event.AFTER_LOSS, Event.BEFORE_BACKWARD)
 # the methods torch.compile traces as frames of their own: each step gets its own code
-# objects, so a call never checks the guards of another step's graphs
+# objects, so a call never checks the guards of another step's graphs, and its own code
+# names, so torch's automatic-dynamic record (kept per file, line and code name for the whole
+# process) never turns one step's hyperparameters symbolic because another step's differ
 _TRACED = ("__call__", "compiled_body", "core")
+_SERIAL = itertools.count()
 
 
 class TrainStep(nn.Module):
@@ -113,10 +117,11 @@ class TrainStep(nn.Module):
         objective: ObjectiveKind = "tokens",
     ) -> None:
         super().__init__()
+        serial = next(_SERIAL)
         for name in _TRACED:  # this step's own code objects: its own compile cache entries
             fn = getattr(type(self), name)
-            own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
-            setattr(self, name, types.MethodType(own, self))
+            code = fn.__code__.replace(co_name=f"{name}_step{serial}")
+            setattr(self, name, types.MethodType(types.FunctionType(code, fn.__globals__), self))
         self.compiled_core: Any = None  # set by compile()
         self.loss_fn, self.optimizer, self.per_sample = loss_fn, optimizer, per_sample
         self.algorithms, self.passes = tuple(algorithms), tuple(passes)
@@ -220,10 +225,13 @@ class TrainStep(nn.Module):
                 patch those modules between steps).
             **options: passed to ``torch.compile`` (``backend``, ``mode``, ``fullgraph``,
                 ``dynamic``, ``options``); a ``guard_filter_fn`` in ``options`` replaces
-                the default one.
+                the default one. The step's hyperparameters are constants of its graphs,
+                whatever other steps the process compiles; a batch of a new size recompiles
+                once with a dynamic batch dimension.
 
         Raises:
             TypeError: if ``library_guards`` is not a bool.
+            ValueError: if ``dynamic=True`` (it would make the hyperparameters symbolic).
 
         Example:
             >>> ce = torch.nn.functional.cross_entropy

@@ -127,3 +127,34 @@ def test_a_mode_compiles():
     step, state = _step_and_state()
     step.compile(mode="reduce-overhead")  # CUDA graphs on a GPU; a plain graph on the CPU
     assert step(state, BATCH)[0].time.step == 1
+
+
+def _sb_step(keep: float, lr: float):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    loss_fn = sbfunc.per_sample_loss(model, F.cross_entropy)
+    sb = sbfunc.SelectiveBackprop(0.0, 1.0, keep=keep)
+    step = sbfunc.make_train_step(loss_fn, sbfunc.optim.adamw(lr), [sb])
+    state = step.init(*sbfunc.split_module(model, clone=True), key=sbfunc.random.key(0))
+    return step, state
+
+
+def test_a_sweep_compiles_each_step_with_its_own_hyperparameters():
+    # 1.1: torch's automatic-dynamic record is kept per code name for the whole process, so
+    # the second step of a sweep over keep made keep symbolic and failed to compile
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    for keep, lr, n in [(0.5, 1e-3, 16), (0.3, 1e-3, 16), (0.3, 3e-3, 12)]:
+        batch = (torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
+        eager, state = _sb_step(keep, lr)
+        compiled, _ = _sb_step(keep, lr)
+        compiled.compile(backend="eager", fullgraph=True)
+        want, got = eager(state, batch)[0], compiled(state, batch)[0]
+        for a, b in zip(want.params.values(), got.params.values(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_dynamic_true_is_refused_naming_the_default():
+    step, _ = _step_and_state()
+    with pytest.raises(ValueError, match=r"dynamic=True\) is not supported.*automatic dynamic"):
+        step.compile(dynamic=True)
