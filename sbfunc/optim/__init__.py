@@ -30,6 +30,7 @@ from sbfunc._finite import all_finite, keep_if_finite
 from sbfunc._namespace import api_dir, moved_names
 from sbfunc.optim._accumulate import ItemsState, MultiStepsState, multi_steps, takes_items
 from sbfunc.optim._adam import adam, adamw, decoupled_adamw
+from sbfunc.optim._apply_if_finite import ApplyIfFiniteState, apply_if_finite
 from sbfunc.optim._base import (
     GradientTransformation,
     TransformRecord,
@@ -37,7 +38,6 @@ from sbfunc.optim._base import (
     chain,
 )
 from sbfunc.optim._clip import ClipFormula, clip_by_global_norm
-from sbfunc.optim._finite import ApplyIfFiniteState, apply_if_finite
 from sbfunc.optim._inject import InjectHyperparamsState, inject_hyperparams
 from sbfunc.optim._join import join_schedules, stretch_schedule, warmup_cosine_decay_schedule
 from sbfunc.optim._loss_scale import (

@@ -10,6 +10,7 @@ import torch
 
 from sbfunc._finite import keep_if_finite
 from sbfunc._tracing import host_flag, replace_by_constructor
+from sbfunc.optim._apply_if_finite import negative_zeros, skipped_updates
 from sbfunc.optim._base import (
     HIDDEN_UNSET,
     GradientTransformation,
@@ -22,7 +23,6 @@ from sbfunc.optim._base import (
     zero_count,
 )
 from sbfunc.optim._checks import check_dtype
-from sbfunc.optim._finite import negative_zeros, skipped_updates
 from sbfunc.optim._masking import check_transformation
 from sbfunc.optim._skip import ShouldSkipUpdateFn, check_skip_flag
 from sbfunc.types import Params

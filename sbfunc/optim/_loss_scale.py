@@ -11,8 +11,8 @@ import torch
 
 from sbfunc._finite import all_finite
 from sbfunc._tracing import replace_by_constructor
+from sbfunc.optim._apply_if_finite import update_if
 from sbfunc.optim._base import GradientTransformation, TransformRecord, by_group, zero_count
-from sbfunc.optim._finite import update_if
 from sbfunc.types import Params
 from sbfunc.validation import check_int, check_real
 

@@ -7,8 +7,8 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from sbfunc.optim._apply_if_finite import negative_zeros
 from sbfunc.optim._base import EmptyState, GradientTransformation, TransformRecord
-from sbfunc.optim._finite import negative_zeros
 from sbfunc.types import Params
 from sbfunc.validation import check_bool
 from sbfunc.validation import describe as describe_value

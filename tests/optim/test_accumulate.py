@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import optim
-from sbfunc.optim._finite import host_flag
+from sbfunc.optim._apply_if_finite import host_flag
 from tests.helpers import assert_identical
 from tests.optim.helpers import grad_sequence, model_params
 

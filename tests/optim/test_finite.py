@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sbfunc import optim
-from sbfunc.optim._finite import host_flag
+from sbfunc.optim._apply_if_finite import host_flag
 from tests.helpers import assert_identical
 from tests.optim.helpers import grad_sequence, model_params
 
@@ -36,7 +36,7 @@ def test_non_finite_updates_are_skipped_bit_for_bit_and_counted(
     bad_steps, key_index, value, compiled_path
 ):
     path = (lambda flag: None) if compiled_path else host_flag  # torch.where, or a branch
-    with mock.patch("sbfunc.optim._finite.host_flag", path):
+    with mock.patch("sbfunc.optim._apply_if_finite.host_flag", path):
         inner = optim.adam(optim.cosine_decay_schedule(0.1, 5), weight_decay=0.1)
         opt = optim.apply_if_finite(inner)
         params = model_params()

@@ -105,7 +105,7 @@ def test_the_select_path_equals_the_branch(finite):
     _, state = opt.update(grads[0], opt.init(params), params)
     g = grads[1] if finite else _overflowed(grads[1])
     branch = opt.update(g, state, params)
-    with mock.patch("sbfunc.optim._finite.host_flag", lambda flag: None):
+    with mock.patch("sbfunc.optim._apply_if_finite.host_flag", lambda flag: None):
         select = opt.update(g, state, params)
     assert_identical(select, branch)
     assert branch[1].scale.item() == (4.0 if finite else 2.0)

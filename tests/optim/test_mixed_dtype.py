@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sbfunc import optim
-from sbfunc.optim._finite import _SKIPPED, host_flag
+from sbfunc.optim._apply_if_finite import _SKIPPED, host_flag
 from tests.helpers import assert_identical
 
 OPTIMIZERS = {
@@ -76,8 +76,8 @@ def test_wrapped_optimizers_keep_the_parameters_dtype(wrap, param_dtype, grad_dt
 
 
 SKIPPING = {
-    "apply_if_finite": (optim.apply_if_finite, "_finite"),
-    "dynamic_loss_scale": (optim.dynamic_loss_scale, "_finite"),
+    "apply_if_finite": (optim.apply_if_finite, "_apply_if_finite"),
+    "dynamic_loss_scale": (optim.dynamic_loss_scale, "_apply_if_finite"),
     "multi_steps-skip_not_finite": (
         lambda o: optim.multi_steps(o, 1, should_skip_update_fn=optim.skip_not_finite),
         "_accumulate",
