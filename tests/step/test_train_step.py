@@ -340,14 +340,16 @@ def test_torchopt_optimizers_are_refused_with_advice():
 
 
 def test_each_step_has_its_own_traced_code():
-    # torch.compile caches per code object: separate code keeps compiled steps' caches apart
+    # torch.compile caches per code object: separate code keeps compiled steps' caches apart;
+    # its automatic-dynamic record is per code name: separate names keep it apart too
     net = torch.nn.Linear(2, 2)
     loss_fn = sbfunc.per_sample_loss(net, torch.nn.functional.cross_entropy)
     a = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
     b = sbfunc.make_train_step(loss_fn, sbfunc.optim.sgd(0.1))
     for name in ("__call__", "core"):
         code_a, code_b = getattr(a, name).__code__, getattr(b, name).__code__
-        assert code_a is not code_b and code_a == code_b  # same program, distinct objects
+        assert code_a is not code_b and code_a.co_code == code_b.co_code  # the same program
+        assert code_a.co_name != code_b.co_name and code_a.co_name.startswith(name)
     state = a.init(*sbfunc.split_module(net, clone=True), key=sbfunc.random.key(0), total_steps=64)
     batch = (torch.randn(4, 2), torch.tensor([0, 1, 1, 0]))
     assert torch.equal(a(state, batch)[1].loss, b(state, batch)[1].loss)
