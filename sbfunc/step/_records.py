@@ -6,6 +6,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
+from sbfunc._tracing import replace_by_constructor
 from sbfunc.engine import Event, Trace
 from sbfunc.engine.internal import Carry, Clock, Plan
 from sbfunc.select import Selection
@@ -98,6 +99,7 @@ class StepPlan(NamedTuple):
     clock: Clock | None
 
 
+@replace_by_constructor  # a compiled frame returns it: see replace_by_constructor
 class CoreOutputs(NamedTuple):
     """What the core returns beside the carry (read by ``finish``): the step's metrics and
     the run's device counters, all counted inside the core so ``finish`` runs no tensor

@@ -315,8 +315,10 @@ class TrainStep(nn.Module):
         carry = fire(Event.BATCH_END, fire(Event.AFTER_TRAIN_BATCH, carry))
         bad = self._rows_left_out(carry, g.used, skipped, state.time)
         unused = None if g.used is None else (~g.used).sum()
-        out = CoreOutputs(loss, rows, g.rows, ~finite, skipped + (~finite).long(), *bad)
-        return carry, out._replace(rows_unused=unused, tokens=g.tokens)
+        updates_skipped = skipped + (~finite).long()
+        return carry, CoreOutputs(
+            loss, rows, g.rows, ~finite, updates_skipped, *bad, rows_unused=unused, tokens=g.tokens
+        )
 
     def _start(self, plan: StepPlan, state: TrainState, batch: Any) -> Carry:
         """The carry before the first event: no key until an algorithm is focused, no time
