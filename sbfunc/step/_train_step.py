@@ -521,8 +521,8 @@ class TrainStep(nn.Module):
 
 def _merged(buffers: Params, part: Params) -> Params:
     """``buffers`` with the entries of ``part`` (a subset of its names) replaced, in order."""
-    if part is buffers or len(part) == len(buffers):
-        return part
+    if len(part) == len(buffers):  # every entry (not `part is buffers`: torch 2.11's Dynamo
+        return part  # cannot trace `is` between two dicts)
     return {k: part.get(k, v) for k, v in buffers.items()}
 
 
