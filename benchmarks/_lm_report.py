@@ -9,14 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _lm_runs import KINDS, METHODS
+from _lm_data import KINDS, Config
+from _lm_methods import METHODS, NEW, REFERENCES, charges
 from _lm_timing import ratios
 
 Row = dict[str, Any]
-CHARGED = {
-    "selective LM": ("reference training step",),
-    "RHO-LOSS sequences": ("reference training step", "reference forward (table)"),
-}
 TARGETS = {"tokens": 0.7, "wall": 0.85, "better": 0.05, "step": 1.05}
 
 
@@ -33,9 +30,9 @@ def _median(times: dict[str, list[float]], name: str) -> float:
     return statistics.median(times[name])
 
 
-def annotate(runs: list[Row], times: dict[str, list[float]], ref_steps: int) -> list[Row]:
+def annotate(runs: list[Row], times: dict[str, list[float]], cfg: Config) -> list[Row]:
     """Each run with its tokens and wall-clock to plain's final loss (same seed and stream),
-    as fractions of plain's run, the reference's cost charged."""
+    as fractions of plain's run, the reference's cost charged (:func:`_lm_methods.charges`)."""
     plain = {(r["seed"], r["stream"]): r for r in runs if r["method"] == "plain"}
     full = _median(times, "plain")
     out = []
@@ -43,8 +40,7 @@ def annotate(runs: list[Row], times: dict[str, list[float]], ref_steps: int) -> 
         base = plain[(r["seed"], r["stream"])]
         step = crossing(r["curve"], base["final"])
         charge = sum(
-            _median(times, c) * (ref_steps if "training" in c else r["steps"])
-            for c in CHARGED.get(r["method"], ())
+            _median(times, cost) * count for cost, count in charges(cfg, r["method"], r["steps"])
         )
         own = _median(times, r["method"] if r["method"] in times else "plain")
         per_step, charged = own / (r["total_steps"] * full), charge / (r["total_steps"] * full)
@@ -153,29 +149,81 @@ def floor(runs: list[Row]) -> list[str]:
     ]
 
 
+def _ok(flag: bool) -> str:
+    return "met" if flag else "**missed**"
+
+
+def _checks(g: list[Row]) -> dict[str, tuple[bool, str]]:
+    """Issue 36's three targets on ``g`` (one method's runs, every seed): met, and figures."""
+    tok = [r["tokens_to_plain"] for r in g]
+    wall = [r["wall_to_plain"] for r in g]
+    delta = [r["delta"] for r in g]
+    return {
+        "tokens": (all(t is not None and t <= TARGETS["tokens"] for t in tok), _fmt(tok)),
+        "wall": (all(w is not None and w <= TARGETS["wall"] for w in wall), _fmt(wall)),
+        "better": (all(d <= -TARGETS["better"] for d in delta), _fmt(delta, "{:+.3f}")),
+    }
+
+
+def _group(runs: list[Row], stream: str, name: str) -> list[Row]:
+    return sorted(
+        (r for r in runs if r["stream"] == stream and r["method"] == name),
+        key=lambda r: r["seed"],
+    )
+
+
 def verdicts(runs: list[Row], times: dict[str, list[float]]) -> list[str]:
     """The issue's targets, each checked on every seed, with the measured figures."""
-    slm = [r for r in runs if r["stream"] == "mixed" and r["method"] == "selective LM"]
-    tok = [r["tokens_to_plain"] for r in slm]
-    wall = [r["wall_to_plain"] for r in slm]
+    check = _checks(_group(runs, "mixed", "selective LM"))
     step = ratios(times)["uniform tokens"][1]
-
-    def ok(flag: bool) -> str:
-        return "met" if flag else "**missed**"
-
     return [
         *floor(runs),
         f"- Mixed stream, tokens to plain's final loss <= {TARGETS['tokens']}x on every seed: "
-        f"{ok(all(t is not None and t <= TARGETS['tokens'] for t in tok))} ({_fmt(tok)}).",
+        f"{_ok(check['tokens'][0])} ({check['tokens'][1]}).",
         f"- Mixed stream, wall-clock to plain's final loss <= {TARGETS['wall']}x, the reference "
-        f"charged: {ok(all(w is not None and w <= TARGETS['wall'] for w in wall))} "
-        f"({_fmt(wall)}).",
+        f"charged: {_ok(check['wall'][0])} ({check['wall'][1]}).",
         f"- Mixed stream, final loss at least {TARGETS['better']} nats better than plain: "
-        f"{ok(all(r['delta'] <= -TARGETS['better'] for r in slm))} "
-        f"({_fmt([r['delta'] for r in slm], '{:+.3f}')}).",
+        f"{_ok(check['better'][0])} ({check['better'][1]}).",
         f"- Token-selection step (mask and selection, no reference) <= {TARGETS['step']}x a "
-        f"plain step: {ok(step <= TARGETS['step'])} ({step:.3f}x, uniform tokens).",
+        f"plain step: {_ok(step <= TARGETS['step'])} ({step:.3f}x, uniform tokens).",
     ]
+
+
+def new_targets(runs: list[Row]) -> list[str]:
+    """Issue 36's targets for issue 40's rows, per stream and seed."""
+    lines = [
+        f"| stream | method | tokens to plain's final <= {TARGETS['tokens']}x | wall-clock "
+        f"<= {TARGETS['wall']}x, reference charged | final loss {TARGETS['better']} nats "
+        "better |",
+        "|---|---|---|---|---|",
+    ]
+    for stream in ("mixed", "clean"):
+        for name in NEW:
+            g = _group(runs, stream, name)
+            if g:
+                cells = [f"{_ok(met)} ({figures})" for met, figures in _checks(g).values()]
+                lines.append(f"| {stream} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def references_table(infos: list[Row], times: dict[str, list[float]], cfg: Config) -> list[str]:
+    """Each reference: its size, clean text, steps, held-out loss and training cost."""
+    lines = [
+        "| reference | parameters | clean rows (mean over seeds) | training steps | held-out "
+        "loss | training cost, fraction of plain's run |",
+        "|---|---|---|---|---|---|",
+    ]
+    plain = cfg.steps * _median(times, "plain")
+    for name, spec in REFERENCES.items():
+        g = [i for i in infos if i["reference"] == name]
+        if g:
+            cost = g[0]["steps"] * _median(times, f"{spec.label} training step") / plain
+            lines.append(
+                f"| {name} | {g[0]['parameters']:,} | "
+                f"{statistics.mean(i['rows'] for i in g):,.0f} | {g[0]['steps']} | "
+                f"{_mean_std([i['heldout'] for i in g])} | {cost:.2f} |"
+            )
+    return lines
 
 
 def write_csv(path: Path, runs: list[Row]) -> None:
@@ -206,7 +254,7 @@ def write_plot(path: Path, runs: list[Row], times: dict[str, list[float]]) -> No
 
     streams = [s for s in ("mixed", "clean") if any(r["stream"] == s for r in runs)]
     fig, axes = plt.subplots(len(streams), 2, figsize=(13, 4.8 * len(streams)), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
+    colors = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
     for i, stream in enumerate(streams):
         for j, name in enumerate(METHODS):
             g = [r for r in runs if r["stream"] == stream and r["method"] == name]
@@ -217,7 +265,11 @@ def write_plot(path: Path, runs: list[Row], times: dict[str, list[float]]) -> No
             loss = [statistics.mean(r["curve"][t][1] for r in g) for t in range(n)]
             total = g[0]["total_steps"]
             wall = [g[0]["wall_charged"] + s * g[0]["wall_per_step"] for s in steps]
-            style = {"color": "black", "lw": 2.2} if name == "plain" else {"color": colors[j]}
+            style: dict[str, Any] = {"color": colors[j % len(colors)]}
+            if name == "plain":
+                style = {"color": "black", "lw": 2.2}
+            elif name in NEW:  # issue 40's rows
+                style["ls"] = "--"
             axes[i][0].plot([s / total for s in steps], loss, label=name, **style)
             axes[i][1].plot(wall, loss, label=name, **style)
         target = statistics.mean(
@@ -256,13 +308,15 @@ def write_outputs(
     *,
     runs: list[Row],
     tuning: list[Row],
+    references: list[Row],
     lrs: dict[str, Any],
     timing: dict[str, list[float]],
     config: Row,
     command: str,
 ) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    runs = annotate(runs, timing, config["ref_steps"])
+    cfg = Config(**config)
+    runs = annotate(runs, timing, cfg)
     md, csv_path, png = (out / f"language_models.{e}" for e in ("md", "csv", "png"))
     lines = [
         "# Language models: token and sequence selection on the shipped corpus",
@@ -274,6 +328,10 @@ def write_outputs(
         "",
         *verdicts(runs, timing),
         "",
+        "## Issue 40's rows against the same targets (every seed)",
+        "",
+        *new_targets(runs),
+        "",
     ]
     for stream in ("mixed", "clean"):
         if any(r["stream"] == stream for r in runs):
@@ -284,6 +342,10 @@ def write_outputs(
         *tuning_table(tuning),
         "",
         f"Chosen: `{lrs}`.",
+        "",
+        "## References (trained on clean code only; held-out loss measured, never used)",
+        "",
+        *references_table(references, timing, cfg),
         "",
         "## Step costs (one thread, interleaved, one batch of the mixed stream)",
         "",

@@ -8,21 +8,13 @@ from __future__ import annotations
 import fcntl
 from collections.abc import Callable
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _lm_runs import (
-    METHODS,
-    Config,
-    Reference,
-    _without_kind,
-    lm_loss,
-    load_data,
-    main_model,
-    optimizer,
-    reference_model,
-)
+from _lm_data import Config, Data, lm_loss, load_data, main_model, optimizer, without_kind
+from _lm_methods import METHODS, REFERENCES, Reference, cached_reference
 from _timing import interleaved, quartiles
 
 import sbfunc
@@ -32,7 +24,11 @@ LOCK = "/tmp/sbfunc-timing.lock"
 
 
 def _method_step(
-    cfg: Config, name: str, ref: Reference, table: torch.Tensor, batch: dict[str, torch.Tensor]
+    cfg: Config,
+    name: str,
+    ref: Reference | None,
+    table: torch.Tensor | None,
+    batch: dict[str, torch.Tensor],
 ) -> Callable[[], Any]:
     method = METHODS[name]
     model = main_model(cfg, 0)
@@ -72,7 +68,7 @@ def _torch_loop(cfg: Config, batch: dict[str, torch.Tensor]) -> Callable[[], Any
 
 
 def _reference_costs(
-    cfg: Config, ref: Reference, batch: dict[str, torch.Tensor]
+    cfg: Config, label: str, ref: Reference, batch: dict[str, torch.Tensor]
 ) -> dict[str, Callable[[], Any]]:
     step = sbfunc.make_train_step(ref.loss_fn, optimizer(cfg.ref_lr, cfg.ref_steps, cfg.warmup))
     box = [step.init(dict(ref.params), dict(ref.buffers), key=sbrandom.key(0))]
@@ -82,31 +78,43 @@ def _reference_costs(
 
     def table() -> None:
         sbfunc.selective_backprop.reference_losses(
-            *ref, _without_kind(batch), per="row", batch_size=cfg.batch, ids=None
+            *ref, without_kind(batch), per="row", batch_size=cfg.batch, ids=None
         )
 
-    return {"reference training step": train, "reference forward (table)": table}
+    return {f"{label} training step": train, f"{label} forward (table)": table}
 
 
-def measure_steps(cfg: Config) -> dict[str, list[float]]:
-    """Seconds per call of every method's step, the torch loop and the reference's training
-    step and table forward, interleaved over ``cfg.timing_repeats`` rounds, one at a time on
-    the machine (``flock`` on :data:`LOCK`)."""
+def measure_steps(cfg: Config, cache_dir: Path) -> dict[str, list[float]]:
+    """Seconds per call of every method's step, the torch loop and each kind of reference's
+    training step and table forward, interleaved over ``cfg.timing_repeats`` rounds, one at a
+    time on the machine (``flock`` on :data:`LOCK`). Seed 0's references, from the cache."""
     data = load_data(cfg, 0)
-    ref = reference_model(cfg, 0, data)
-    rows = _without_kind(data.stream_rows["mixed"])
-    table = sbfunc.selective_backprop.reference_losses(*ref, rows, per="row")
+    refs = {name: cached_reference(cfg, 0, name, data, cache_dir)[0] for name in REFERENCES}
     batch = next(islice(iter(data.batches["mixed"]), 0, None))
     fns = {
-        name: _method_step(cfg, name, ref, table, batch)
-        for name in METHODS
+        name: _method_step(cfg, name, *_scores(cfg, m.reference, m.table, refs, data), batch=batch)
+        for name, m in METHODS.items()
         if name != "plain, 0.7x budget"
     }
     fns["torch loop"] = _torch_loop(cfg, batch)
-    fns |= _reference_costs(cfg, ref, batch)
+    for name in ("small", "same-size"):  # the 4x text's reference costs the same-size one's
+        fns |= _reference_costs(cfg, REFERENCES[name].label, refs[name], batch)
     with open(LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return interleaved(fns, cfg.timing_repeats, 1, warmup=3)
+
+
+def _scores(
+    cfg: Config, reference: str | None, table: bool, refs: dict[str, Reference], data: Data
+) -> tuple[Reference | None, torch.Tensor | None]:
+    """A method's reference and, if it reads one, its per-row table of the mixed stream."""
+    if reference is None:
+        return None, None
+    ref = refs[reference]
+    if not table:
+        return ref, None
+    rows = without_kind(data.stream_rows["mixed"])
+    return ref, sbfunc.selective_backprop.reference_losses(*ref, rows, per="row")
 
 
 def ratios(times: dict[str, list[float]], base: str = "plain") -> dict[str, tuple[float, ...]]:

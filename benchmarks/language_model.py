@@ -22,8 +22,23 @@ training never sees). Methods, each through :func:`sbfunc.make_train_step`:
   the same reference's per-row losses computed once over the stream
   (``reference_losses(per="row")``).
 
-The sequence-level methods run on the mixed stream only (they filter off-target rows; the
-clean stream has none, and the study's time went to seeds instead).
+Issue 40's rows give selective language modeling Rho-1's reference, one **of the main
+model's size** (3 layers, width 128, its own initial weights), trained the same way:
+
+* ``selective LM, same-size reference``: 300 steps on the clean 5% split;
+* ``selective LM, same-size reference, 4x text``: 1200 steps on 4x the clean text: the split
+  and three times as many rows from standard-library files **outside the study's corpus** (the
+  files :func:`sbfunc.datasets.stdlib_corpus` would read next, by its sha256 order of paths: no
+  text of the streams or the held-out files), so the same ~6 passes over its text;
+* ``selective LM, same-size reference, keep 0.6 to 1``: the first, its kept fraction rising
+  linearly from 0.6 at the start to 1 at the end (fixed before any run: every token by the end,
+  where the learning rate has decayed);
+* ``RHO-LOSS sequences, same-size reference``: RHO-LOSS with the first one's per-row table.
+
+Issue 36's sequence-level methods run on the mixed stream only (they filter off-target rows;
+the clean stream has none, and the study's time went to seeds instead); issue 40's rows run on
+both streams, RHO-LOSS included, to show what each costs where there is nothing to filter.
+They take the selective run's tuned learning rate; nothing of theirs is tuned.
 
 The learning rate is tuned on seed 0 per stream over 1e-3 and 3e-3 for ``plain``
 and for ``selective LM``; the selecting baselines take the selective one's, ``plain, 0.7x budget``
@@ -31,11 +46,12 @@ plain's. Within one seed and stream every method advances **in lockstep, one ste
 turn**, from the same initial weights over the same batches. "Tokens" counts the stream's
 tokens drawn (every method draws the same batches). Wall-clock is charged from an interleaved
 timing pass (one thread, under ``flock /tmp/sbfunc-timing.lock``, medians of paired rounds):
-a run's time to a loss is its steps times its step's median plus the reference's training
-(and, for the table, its forward over the rows used), over plain's whole run. Runs are cached
-by their configuration (``--cache``), so an interrupted study resumes.
+a run's time to a loss is its steps times its step's median plus its reference's training
+(and, for the table, its forward over the rows used), over plain's whole run. Runs and
+references are cached by their configuration (``--cache``), so an interrupted study resumes
+and new methods train alone.
 
-Run: ``python benchmarks/language_model.py`` (about an hour and a half on 2 CPU cores: the two
+Run: ``python benchmarks/language_model.py`` (about three hours on 2 CPU cores: the two
 streams can go in two processes with ``--streams mixed --no-report`` and ``--streams clean``;
 writes ``docs/results/language_models.{md,csv,png}``) or ``--quick`` (a smoke run, a minute).
 """
@@ -57,8 +73,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _lm_data import Config
 from _lm_report import write_outputs
-from _lm_runs import Config, all_tuning_rows, run_group, tune_lrs
+from _lm_runs import all_tuning_rows, reference_infos, run_group, tune_lrs
 from _lm_timing import measure_steps
 
 FULL = Config()
@@ -101,11 +118,19 @@ def main(argv: list[str] | None = None) -> None:
             runs += run_group(cfg, seed, stream, lrs[stream], cache)
     if args.no_report:
         return
-    timing = measure_steps(cfg)
+    references = reference_infos(cfg, cache)
+    timing = measure_steps(cfg, cache)
     command = "python benchmarks/language_model.py" + (" --quick" if args.quick else "")
     tuning = [r for stream in args.streams for r in all_tuning_rows(cfg, stream, cache)]
     written = write_outputs(
-        out, runs=runs, tuning=tuning, lrs=lrs, timing=timing, config=asdict(cfg), command=command
+        out,
+        runs=runs,
+        tuning=tuning,
+        references=references,
+        lrs=lrs,
+        timing=timing,
+        config=asdict(cfg),
+        command=command,
     )
     for path in written:
         print("wrote", path)
