@@ -1,6 +1,6 @@
 """The language-model study (issue 36): token and sequence selection on the shipped corpus.
 
-A byte-level causal LM (:class:`sbfunc.models.CausalLM`, 661k parameters: 3 layers, width
+A byte-level causal LM (:class:`sbfunc.models.CausalLM`, 644k parameters: 3 layers, width
 128) trains on the Python standard library's sources (:func:`sbfunc.datasets.stdlib_corpus`,
 sequences of 128 bytes, batch 32, 500 steps of AdamW, betas (0.9, 0.95), weight decay 0.1,
 gradients clipped to norm 1, 20 warm-up steps and a cosine decay **to zero at each run's own
@@ -16,7 +16,7 @@ training never sees). Methods, each through :func:`sbfunc.make_train_step`:
 * ``uniform sequences``: a plain step on the first 60% of each (already random) batch: the
   dropped rows are never forwarded;
 * ``selective LM``: ``TokenSelection(0.6)``, Rho-1's excess loss over a reference model (1
-  layer, width 64, 83k parameters) trained for 300 steps on a clean 5% split of the corpus,
+  layer, width 64, 75k parameters) trained for 300 steps on a clean 5% split of the corpus,
   run frozen inside the step (``reference_model``);
 * ``RHO-LOSS sequences``: :class:`sbfunc.SelectiveBackprop` with ``rho_loss(0.6, table)``,
   the same reference's per-row losses computed once over the stream
