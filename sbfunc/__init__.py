@@ -48,7 +48,7 @@ from sbfunc.module import per_sample_loss, predict, split_module
 from sbfunc.selective_backprop import SelectiveBackprop
 from sbfunc.step import fit, make_train_step
 
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
     "Algorithm",
