@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see compiled_step.py
 
 import torch
 from _timing import device_sync, interleaved, paired, quartiles
